@@ -1,0 +1,167 @@
+"""`lmstack` command line: argv parsing only; each subcommand is a small function."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from lmstack import __version__
+from lmstack.config.errors import LmstackError
+
+logger = logging.getLogger("lmstack")
+
+
+def setup_logging(verbose: bool = False) -> None:
+    rank = os.environ.get("RANK", "0")
+    level = logging.DEBUG if verbose else logging.INFO
+    if rank != "0":
+        level = logging.WARNING
+    fmt = "[lmstack%s] %%(levelname)s %%(message)s" % ("" if rank == "0" else f" rank{rank}")
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
+    for noisy in ("httpx", "urllib3", "filelock", "datasets", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def fields_help() -> str:
+    from lmstack.config.schema import SECTIONS
+
+    lines = ["fields (flat YAML keys, LLaMA-Factory names; override with key=value):"]
+    for section, cls in SECTIONS.items():
+        lines.append(f"\n  [{section}]")
+        for name, info in cls.model_fields.items():
+            default = "required" if info.is_required() else f"default {info.default!r}"
+            lines.append(f"    {name:<36} {info.description} ({default})")
+    return "\n".join(lines)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from lmstack.train.run import train
+
+    train(args.config, args.overrides)
+    return 0
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from lmstack.tiny import build_tiny_model
+
+    path = build_tiny_model(args.dir, data_dir=args.data_dir, arch=args.arch)
+    print(f"tiny model written to {path}")
+    return 0
+
+
+def _visible_gpus() -> tuple[int, float | None]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return 1, None
+    return torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from lmstack.config.load import load_config
+    from lmstack.plan import check_layout, enumerate_layouts, format_table, plan, pretrain_gpt_args, to_json
+    from lmstack.plan.from_config import request_from_config
+
+    cfg = load_config(args.config, args.overrides)
+    visible, memory = _visible_gpus()
+    gpus = args.gpus or visible
+    req = request_from_config(cfg, gpus, args.gpu_memory or memory or 80.0, args.nodes, args.cpu_memory,
+                              search=args.search)
+    if args.megatron or args.tp or args.pp:
+        total, per_node = gpus * args.nodes, gpus
+        mb = args.micro_batches
+        if args.tp or args.pp:
+            layouts = [check_layout(req.spec, total, args.tp or 1, args.pp or 1, gpus_per_node=per_node,
+                                    micro_batches=mb, seq_len=req.seq_len, gpu_memory_gib=req.gpu_memory_gib)]
+        else:
+            layouts = enumerate_layouts(req.spec, total, per_node, mb, seq_len=req.seq_len,
+                                        gpu_memory_gib=req.gpu_memory_gib)
+        if args.json:
+            print(json.dumps([layout_dict(x) for x in layouts], indent=2))
+            return 0
+        for x in layouts:
+            mem = f"{x.per_gpu.total:7.1f} GiB" if x.per_gpu else "      -"
+            print(f"TP={x.tp:<3} PP={x.pp:<3} DP={x.dp:<4} bubble={x.bubble_ratio:5.1%} {mem}  "
+                  f"{'valid' if x.valid else 'INVALID'}: {x.reason}")
+        best = next((x for x in layouts if x.valid), None)
+        if best is not None:
+            print("\npretrain_gpt.py " + " ".join(pretrain_gpt_args(best)))
+        return 0 if best is not None else 1
+    result = plan(req)
+    print(json.dumps(to_json(result), indent=2) if args.json else format_table(result))
+    return 0
+
+
+def layout_dict(x) -> dict:
+    return {"tp": x.tp, "pp": x.pp, "dp": x.dp, "bubble_ratio": x.bubble_ratio, "valid": x.valid,
+            "reason": x.reason, "per_gpu_gib": x.per_gpu.to_dict() if x.per_gpu else None}
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"lmstack {__version__}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmstack", description="One YAML file drives the whole LLM training stack.",
+        epilog="Run `lmstack <command> --help` for a command's options.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="<command>")
+
+    p = sub.add_parser("train", help="train with a YAML config (stages sft, ...)",
+                       description="Train a model from a YAML config; key=value pairs override YAML fields.",
+                       epilog=fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value overrides")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("tiny-model", help="build the offline tiny model + tokenizer used by the quickstart and tests")
+    p.add_argument("dir", help="output directory")
+    p.add_argument("--data-dir", default="data", help="demo data the tokenizer is trained on (default: data)")
+    p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"], help="architecture")
+    p.set_defaults(func=cmd_tiny_model)
+
+    p = sub.add_parser("plan", help="predict per-GPU memory, pick the strategy that fits (Megatron layouts too)")
+    p.add_argument("config", help="training YAML (only config.json of the model is read)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides")
+    p.add_argument("--gpus", type=int, help="GPUs per node (default: the visible ones, else 1)")
+    p.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the visible GPU's, else 80)")
+    p.add_argument("--nodes", type=int, default=1, help="number of nodes")
+    p.add_argument("--cpu-memory", type=float, help="GiB of CPU memory per node (checks offload)")
+    p.add_argument("--search", action="store_true", help="also search micro-batch and checkpointing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--megatron", action="store_true", help="enumerate Megatron TP x PP x DP layouts")
+    p.add_argument("--tp", type=int, help="check one Megatron layout: tensor-parallel size")
+    p.add_argument("--pp", type=int, help="check one Megatron layout: pipeline-parallel size")
+    p.add_argument("--micro-batches", type=int, default=32, help="Megatron micro-batches per step")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("version", help="print the version")
+    p.set_defaults(func=cmd_version)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    setup_logging(args.verbose)
+    try:
+        return args.func(args)
+    except LmstackError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

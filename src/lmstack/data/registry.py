@@ -1,0 +1,114 @@
+"""dataset_info.json: the registry of named datasets (LLaMA-Factory's schema, REFERENCE §3.1)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmstack.config.errors import DataError, did_you_mean
+
+FORMATS = ("alpaca", "sharegpt", "openai")
+FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow",
+              ".txt": "text"}
+COLUMN_DEFAULTS = {"prompt": "instruction", "query": "input", "response": "output", "history": None,
+                   "messages": "conversations", "system": None, "tools": None, "images": None, "videos": None,
+                   "audios": None, "chosen": None, "rejected": None, "kto_tag": None}
+TAG_DEFAULTS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
+                "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}
+OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
+               "observation_tag": "tool", "function_tag": "function_call", "system_tag": "system"}
+ENTRY_KEYS = {"file_name", "hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name",
+              "formatting", "ranking", "subset", "split", "folder", "num_samples", "columns", "tags"}
+
+
+@dataclass
+class DatasetAttr:
+    name: str
+    load_from: str  # file | hf_hub
+    source: str  # path (file) or repo id (hub)
+    formatting: str = "alpaca"
+    ranking: bool = False
+    subset: str | None = None
+    split: str = "train"
+    folder: str | None = None
+    num_samples: int | None = None
+    columns: dict[str, str | None] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def column(self, key: str) -> str | None:
+        return self.columns.get(key, COLUMN_DEFAULTS[key])
+
+
+def read_registry(dataset_dir: str | Path) -> tuple[Path, dict[str, Any]]:
+    path = Path(dataset_dir) / "dataset_info.json"
+    if not path.is_file():
+        raise DataError(
+            f"dataset_dir: {dataset_dir!s} has no dataset_info.json; create it or point dataset_dir at the "
+            "folder that holds it"
+        )
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}") from None
+    if not isinstance(table, dict):
+        raise DataError(f"{path}: expected an object keyed by dataset name")
+    return path, table
+
+
+def _parse_entry(name: str, entry: dict, registry: Path) -> DatasetAttr:
+    where = f"{registry} [{name}]"
+    unknown = set(entry) - ENTRY_KEYS
+    if unknown:
+        key = sorted(unknown)[0]
+        raise DataError(f"{where}: unknown key {key!r}{did_you_mean(key, ENTRY_KEYS)}")
+    formatting = entry.get("formatting", "alpaca")
+    if formatting not in FORMATS:
+        raise DataError(f"{where}: formatting: got {formatting!r}; allowed: {' | '.join(FORMATS)}")
+    if "file_name" in entry:
+        load_from, source = "file", _safe_path(entry["file_name"], registry.parent, where)
+    elif "hf_hub_url" in entry:
+        load_from, source = "hf_hub", entry["hf_hub_url"]
+    else:
+        raise DataError(f"{where}: needs `file_name` (a file or folder in dataset_dir) or `hf_hub_url`")
+    columns = dict(entry.get("columns") or {})
+    bad = set(columns) - set(COLUMN_DEFAULTS)
+    if bad:
+        key = sorted(bad)[0]
+        raise DataError(f"{where}: columns: unknown key {key!r}{did_you_mean(key, COLUMN_DEFAULTS)}")
+    tags = dict(OPENAI_TAGS if formatting == "openai" else TAG_DEFAULTS)
+    tags.update(entry.get("tags") or {})
+    return DatasetAttr(
+        name=name, load_from=load_from, source=source, formatting=formatting,
+        ranking=bool(entry.get("ranking", False)), subset=entry.get("subset"), split=entry.get("split", "train"),
+        folder=entry.get("folder"), num_samples=entry.get("num_samples"), columns=columns, tags=tags,
+    )
+
+
+def _safe_path(file_name: str, root: Path, where: str) -> str:
+    """A registry file_name must stay inside dataset_dir (no `..`, no absolute path, no escaping link)."""
+    candidate = Path(file_name)
+    if candidate.is_absolute() or ".." in candidate.parts:
+        raise DataError(f"{where}: file_name {file_name!r} points outside dataset_dir; use a path inside it")
+    full = (root / candidate).resolve()
+    if not full.is_relative_to(root.resolve()):
+        raise DataError(f"{where}: file_name {file_name!r} resolves outside dataset_dir (a link?); refusing it")
+    if not full.exists():
+        raise DataError(f"{where}: file_name {file_name!r}: no such file in {root}")
+    return str(full)
+
+
+def get_dataset_attrs(names: str | None, dataset_dir: str | Path, field_name: str = "dataset") -> list[DatasetAttr]:
+    if not names:
+        return []
+    registry, table = read_registry(dataset_dir)
+    attrs = []
+    for name in [n.strip() for n in names.split(",") if n.strip()]:
+        if name not in table:
+            raise DataError(
+                f"{field_name}: {name!r} is not in {registry}{did_you_mean(name, table)}; "
+                f"registered: {', '.join(sorted(table)) or '(none)'}"
+            )
+        attrs.append(_parse_entry(name, table[name], registry))
+    return attrs

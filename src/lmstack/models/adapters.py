@@ -1,0 +1,118 @@
+"""What is trained: full | freeze | lora (PEFT)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from lmstack.config.errors import ConfigError
+from lmstack.config.schema import Config
+
+logger = logging.getLogger(__name__)
+LAYER_RE = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
+
+
+def find_all_linear_modules(model: Any) -> list[str]:
+    """Leaf names of every linear layer except the output head (PEFT matches leaf names everywhere)."""
+    head = model.get_output_embeddings()
+    names = set()
+    for full_name, module in model.named_modules():
+        cls = type(module).__name__
+        if module is head or full_name.split(".")[-1] in ("lm_head", "output_layer"):
+            continue
+        if "Linear" in cls and "Embedding" not in cls and not list(module.children()):
+            names.add(full_name.split(".")[-1])
+    return sorted(names)
+
+
+def count_parameters(model: Any) -> tuple[int, int]:
+    trainable = total = 0
+    for p in model.parameters():
+        n = p.numel()
+        if hasattr(p, "ds_numel"):  # ZeRO-3 partitioned parameter
+            n = p.ds_numel
+        total += n
+        if p.requires_grad:
+            trainable += n
+    return trainable, total
+
+
+def log_trainable(model: Any) -> None:
+    trainable, total = count_parameters(model)
+    logger.info("trainable params: %s || all params: %s || trainable%%: %.4f", f"{trainable:,}", f"{total:,}",
+                100 * trainable / max(total, 1))
+
+
+def _lora_targets(cfg: Config, model: Any) -> list[str]:
+    if cfg.finetuning.lora_target.strip() == "all":
+        targets = find_all_linear_modules(model)
+        logger.info("Found linear modules: %s", ",".join(targets))
+        return targets
+    targets = [t.strip() for t in cfg.finetuning.lora_target.split(",") if t.strip()]
+    leaves = {name.split(".")[-1] for name, _ in model.named_modules()}
+    missing = [t for t in targets if t not in leaves]
+    if missing:
+        raise ConfigError(f"lora_target: {', '.join(missing)} not found in the model; linear layers are: "
+                          f"{', '.join(find_all_linear_modules(model))} (or use `all`)")
+    return targets
+
+
+def apply_lora(cfg: Config, model: Any, is_trainable: bool = True) -> Any:
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    adapters = [a.strip() for a in (cfg.model.adapter_name_or_path or "").split(",") if a.strip()]
+    for path in adapters[:-1]:  # earlier adapters are merged into the base
+        model = PeftModel.from_pretrained(model, path).merge_and_unload()
+        logger.info("merged adapter %s", path)
+    if adapters:
+        model = PeftModel.from_pretrained(model, adapters[-1], is_trainable=is_trainable)
+        logger.info("resumed adapter %s", adapters[-1])
+        return model
+    ft = cfg.finetuning
+    config = LoraConfig(
+        task_type="CAUSAL_LM", r=ft.lora_rank, lora_alpha=ft.lora_alpha or 2 * ft.lora_rank,
+        lora_dropout=ft.lora_dropout, target_modules=_lora_targets(cfg, model), use_rslora=ft.use_rslora,
+        use_dora=ft.use_dora,
+        modules_to_save=[m.strip() for m in ft.additional_target.split(",")] if ft.additional_target else None,
+    )
+    return get_peft_model(model, config)
+
+
+def apply_freeze(cfg: Config, model: Any) -> Any:
+    ft = cfg.finetuning
+    n_layers = model.config.num_hidden_layers
+    k = ft.freeze_trainable_layers
+    if k == 0 or abs(k) > n_layers:
+        raise ConfigError(f"freeze_trainable_layers: got {k}; use 1..{n_layers} (last N layers) or "
+                          f"-{n_layers}..-1 (first N layers)")
+    layer_ids = set(range(n_layers - k, n_layers)) if k > 0 else set(range(-k))
+    modules = None if ft.freeze_trainable_modules.strip() == "all" else {
+        m.strip() for m in ft.freeze_trainable_modules.split(",")}
+    extra = {m.strip() for m in (ft.freeze_extra_modules or "").split(",") if m.strip()}
+    for name, param in model.named_parameters():
+        match = LAYER_RE.search(name)
+        in_layer = match is not None and int(match.group(1)) in layer_ids
+        module_ok = modules is None or any(f".{m}." in name for m in modules)
+        param.requires_grad = (in_layer and module_ok) or any(name.startswith(e + ".") or f".{e}." in name
+                                                                for e in extra)
+    logger.info("Fine-tuning method: Freeze (trainable layers: %s)", ",".join(map(str, sorted(layer_ids))))
+    return model
+
+
+def setup_finetuning(cfg: Config, model: Any) -> Any:
+    kind = cfg.finetuning.finetuning_type
+    if kind == "lora":
+        logger.info("Fine-tuning method: LoRA")
+        model = apply_lora(cfg, model)
+    elif kind == "freeze":
+        model = apply_freeze(cfg, model)
+    else:
+        logger.info("Fine-tuning method: Full")
+        for p in model.parameters():
+            p.requires_grad = True
+    log_trainable(model)
+    if cfg.model.print_param_status:
+        for name, p in model.named_parameters():
+            logger.info("%s: %s %s trainable=%s", name, p.dtype, p.device, p.requires_grad)
+    return model

@@ -1,0 +1,181 @@
+"""Compose the formula functions of ``memory.py`` into one per-GPU estimate for one setup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmstack.plan import memory as mem
+from lmstack.plan.model_spec import ModelSpec
+
+FINETUNING_TYPES = ("full", "freeze", "lora")
+ATTENTIONS = ("flash", "sdpa", "eager")
+FSDP_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}  # FSDP mode -> equivalent ZeRO stage
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One concrete training setup (everything decided; nothing left to search)."""
+
+    finetuning_type: str = "full"
+    lora_rank: int = 8
+    lora_target: str | tuple[str, ...] = "all"
+    quantization_bit: int | None = None
+    pure_bf16: bool = False
+    freeze_trainable_layers: int = 2
+    num_gpus: int = 1
+    nodes: int = 1
+    deepspeed_stage: int | None = None
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    fsdp: str | None = None  # None | "FULL_SHARD" | "SHARD_GRAD_OP"
+    micro_batch: int = 1
+    seq_len: int = 2048
+    gradient_checkpointing: bool = False
+    attention: str = "sdpa"
+    fused_ce: bool = False
+
+
+@dataclass(frozen=True)
+class Estimate:
+    gpu: mem.MemoryBreakdown
+    cpu_gib: float  # CPU memory per node for offloaded states (0 without offload)
+
+
+@dataclass
+class _States:
+    """Per-GPU bytes by category; ``cpu`` collects what offload moves off the GPU."""
+
+    weights: float = 0.0
+    grads: float = 0.0
+    optim: float = 0.0
+    adapters: float = 0.0
+    cpu: float = 0.0
+
+
+def validate_setup(s: Setup) -> None:
+    """Raise ValueError naming the field, the value and the allowed values."""
+    if s.finetuning_type not in FINETUNING_TYPES:
+        raise ValueError(
+            f"finetuning_type: got {s.finetuning_type!r}; allowed: {' | '.join(FINETUNING_TYPES)}"
+        )
+    if s.attention not in ATTENTIONS:
+        raise ValueError(f"attention: got {s.attention!r}; allowed: {' | '.join(ATTENTIONS)}")
+    if s.deepspeed_stage not in (None, 0, 1, 2, 3):
+        raise ValueError(f"deepspeed stage: got {s.deepspeed_stage!r}; allowed: 0 | 1 | 2 | 3 | null")
+    if s.fsdp is not None and s.fsdp not in FSDP_SHARDING:
+        raise ValueError(f"fsdp: got {s.fsdp!r}; allowed: {' | '.join(FSDP_SHARDING)} | null")
+    if s.fsdp is not None and s.deepspeed_stage is not None:
+        raise ValueError("fsdp and deepspeed: both set; pick one (remove `deepspeed:` to use FSDP)")
+    if s.quantization_bit is not None and s.finetuning_type != "lora":
+        raise ValueError(
+            f"quantization_bit: got {s.quantization_bit} with finetuning_type {s.finetuning_type!r}; "
+            "quantized training needs finetuning_type: lora (QLoRA)"
+        )
+    if s.offload_param and s.deepspeed_stage != 3:
+        raise ValueError("offload_param: needs deepspeed stage 3 (parameter offload is a ZeRO-3 feature)")
+    if s.offload_optimizer and not s.deepspeed_stage:
+        raise ValueError("offload_optimizer: needs deepspeed stage 1, 2 or 3")
+    if s.num_gpus < 1 or s.micro_batch < 1 or s.seq_len < 1 or s.nodes < 1:
+        raise ValueError("num_gpus, nodes, micro_batch and seq_len must all be >= 1")
+
+
+def _trainable_frozen(spec: ModelSpec, s: Setup) -> tuple[int, int, int]:
+    """(trainable base params, frozen base params, adapter params)."""
+    if s.finetuning_type == "full":
+        return spec.num_params, 0, 0
+    if s.finetuning_type == "freeze":
+        trainable = spec.layer_params * min(s.freeze_trainable_layers, spec.num_layers)
+        return trainable, spec.num_params - trainable, 0
+    target = s.lora_target if isinstance(s.lora_target, str) else list(s.lora_target)
+    return 0, spec.num_params, spec.lora_params(s.lora_rank, target)
+
+
+def _frozen_weight_bytes(spec: ModelSpec, frozen: int, s: Setup) -> float:
+    if s.quantization_bit is None or s.finetuning_type != "lora":
+        return mem.BF16_BYTES * frozen
+    linear = spec.linear_params
+    return mem.quantized_weight_bytes(linear, spec.num_params - linear, s.quantization_bit)
+
+
+def model_states(spec: ModelSpec, s: Setup) -> _States:
+    """Weights/grads/optimizer/adapters per GPU after ZeRO/FSDP partitioning and offload."""
+    trainable, frozen, adapter = _trainable_frozen(spec, s)
+    stage = FSDP_SHARDING[s.fsdp] if s.fsdp else (s.deepspeed_stage or 0)
+    deepspeed = s.deepspeed_stage is not None and s.deepspeed_stage > 0
+    # DeepSpeed's bf16 optimizer keeps fp32 master weights whatever pure_bf16 says.
+    k = mem.ADAM_K_PURE_BF16 if (s.pure_bf16 and not deepspeed) else mem.ADAM_K_MIXED
+    n = s.num_gpus
+    st = _States()
+    w_train = mem.BF16_BYTES * trainable
+    w_frozen = _frozen_weight_bytes(spec, frozen, s)
+    grads = mem.BF16_BYTES * trainable
+    fp32_grads = mem.DS_FP32_GRAD_PARTITION_BYTES * trainable if deepspeed else 0.0
+    optim = k * trainable
+    ad_w, ad_g, ad_o = (
+        adapter * b for b in (mem.ADAPTER_WEIGHT_BYTES, mem.ADAPTER_GRAD_BYTES, mem.ADAPTER_OPTIM_BYTES)
+    )
+    if stage >= 1:
+        optim, fp32_grads, ad_o = optim / n, fp32_grads / n, ad_o / n
+    if stage >= 2:
+        ad_g /= n
+        if not deepspeed:  # FSDP SHARD_GRAD_OP / FULL_SHARD shard the bf16 grads
+            grads /= n
+    live = 0.0
+    if stage >= 3:
+        w_train, w_frozen, ad_w = w_train / n, w_frozen / n, ad_w / n
+        live = mem.ZERO3_LIVE_GATHER_BYTES * spec.largest_layer_params
+        if deepspeed:  # ZeRO-3 reduces grads straight into the fp32 partition
+            grads = 0.0
+    if s.offload_optimizer:
+        st.cpu += optim + fp32_grads + ad_o
+        if stage <= 2:
+            st.cpu += grads
+        optim = fp32_grads = ad_o = grads = 0.0
+    if s.offload_param:
+        st.cpu += w_train + w_frozen
+        w_train = w_frozen = 0.0
+    st.weights = w_train + w_frozen + live
+    st.grads = grads + fp32_grads
+    st.optim = optim
+    st.adapters = ad_w + ad_g + ad_o
+    return st
+
+
+def cpu_bytes_per_node(st: _States, s: Setup) -> float:
+    """Offloaded bytes of every local rank, times DeepSpeed's 1.5 buffer factor."""
+    if not st.cpu:
+        return 0.0
+    per_node = st.cpu * max(s.num_gpus // s.nodes, 1) * mem.DS_CPU_BUFFER_FACTOR
+    return per_node
+
+
+def activation_factor(s: Setup) -> float:
+    factor = mem.PEFT_LORA_ACTIVATION_FACTOR if s.finetuning_type == "lora" else 1.0
+    if not s.fused_ce:  # fused_ce stands for the Liger kernel set (FLCE + RMSNorm/SwiGLU/RoPE)
+        factor *= mem.STOCK_HF_ACTIVATION_FACTOR
+    return factor
+
+
+def activations(spec: ModelSpec, s: Setup) -> float:
+    """Activation bytes per GPU (ZeRO/FSDP do not split activations)."""
+    per_layer = mem.activation_bytes_per_token_layer(spec.hidden_size, spec.kv_dim, spec.intermediate_size)
+    if s.attention == "eager":
+        per_layer += mem.eager_attention_bytes_per_token_layer(spec.num_heads, s.seq_len)
+    # Freeze-tuning: layers below the first trainable one need no saved activations.
+    layers = spec.num_layers
+    if s.finetuning_type == "freeze":
+        layers = min(s.freeze_trainable_layers, spec.num_layers)
+    tokens = s.micro_batch * s.seq_len
+    return mem.activation_bytes(
+        tokens, layers, per_layer, spec.hidden_size, s.gradient_checkpointing, activation_factor(s)
+    )
+
+
+def estimate(spec: ModelSpec, s: Setup) -> Estimate:
+    """Predicted peak memory of one GPU for setup ``s`` plus CPU memory for offload."""
+    validate_setup(s)
+    st = model_states(spec, s)
+    acts = activations(spec, s)
+    logits = mem.logits_bytes(s.micro_batch * s.seq_len, spec.vocab_size, s.fused_ce)
+    gpu = mem.breakdown(st.weights, st.grads, st.optim, acts, logits, st.adapters)
+    return Estimate(gpu=gpu, cpu_gib=cpu_bytes_per_node(st, s) / mem.GIB)

@@ -1,0 +1,209 @@
+"""Per-GPU training memory: pure formula functions (bytes unless a name says GiB).
+
+Sources (see ``shared/REFERENCE.md``): model states 7.1 (ZeRO paper, DeepSpeed's
+estimators), activations 7.2 (Korthikanti et al. 2022, re-derived for Llama/Qwen blocks),
+logits 7.3, overheads 7.4. Every tunable factor is a named constant below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+GIB = 1024**3
+GB = 1e9
+
+# --- model states (REFERENCE 7.1) -----------------------------------------------------
+BF16_BYTES = 2
+FP32_BYTES = 4
+ADAM_K_MIXED = 12  # ZeRO paper K=12: fp32 master + Adam m + v (4+4+4)
+ADAM_K_PURE_BF16 = 4  # LF pure_bf16: bf16 m + v, no master copy (2+2)
+# DeepSpeed's bf16/ZeRO optimizer also keeps an fp32 gradient partition; that is why its
+# estimators say 4P + 16P/N (stage 2) and 18P/N (stage 3) instead of the paper's 2+14 and 16.
+DS_FP32_GRAD_PARTITION_BYTES = 4
+# PEFT keeps adapters in fp32 by default (autocast_adapter_dtype=True): 4 B weights,
+# 4 B grads, 8 B Adam m+v -> 16 B per adapter parameter (REFERENCE 7.1 "adapters x16").
+ADAPTER_WEIGHT_BYTES = 4
+ADAPTER_GRAD_BYTES = 4
+ADAPTER_OPTIM_BYTES = 8
+# bitsandbytes NF4 with double quantization: 4-bit codes, one 8-bit absmax per 64-weight
+# block, one fp32 scale per 256 absmax values (QLoRA paper, 4.127 bits -> 0.516 B/param).
+NF4_BITS = 4
+NF4_BLOCK = 64
+NF4_ABSMAX_BITS = 8
+NF4_SECOND_BLOCK = 256
+NF4_SECOND_SCALE_BITS = 32
+INT8_BYTES = 1.0  # LLM.int8: 1 B/param (+ per-row fp32 scales, negligible)
+# DeepSpeed ZeRO-3 estimator: 4 x largest_layer_params of live, gathered bf16 params+grads.
+ZERO3_LIVE_GATHER_BYTES = 4
+# DeepSpeed estimators multiply CPU needs by this buffer factor (additional_buffer_factor).
+DS_CPU_BUFFER_FACTOR = 1.5
+
+# --- activations (REFERENCE 7.2) ------------------------------------------------------
+# Korthikanti eager-attention term: 5*a*s bytes per token per layer (2 B scores, 2 B softmax
+# output, 1 B dropout mask); FlashAttention/SDPA store none of it.
+EAGER_SCORE_BYTES = 5
+# HF+PEFT LoRA with fp32 adapters measured 1.5-1.7x the activation formula (REFERENCE 7.2).
+PEFT_LORA_ACTIVATION_FACTOR = 1.6
+# Stock HF blocks (no Liger): fp32 RMSNorm copies, rotary tensors, unfused SiLU*mul;
+# REFERENCE 7.4 "per-stack factor ... ~1.3 stock HF".
+STOCK_HF_ACTIVATION_FACTOR = 1.3
+
+# --- logits / loss (REFERENCE 7.3) ----------------------------------------------------
+UNFUSED_LOGITS_BYTES = 10  # bf16 logits 2 + fp32 upcast 4 + logits grad 4, per element
+FUSED_CE_CHUNK_TOKENS = 1024  # Liger FLCE / chunked CE materialise one chunk of logits
+FUSED_CE_BYTES = 4  # fp32 per chunk element
+
+# --- overhead (REFERENCE 7.4) ---------------------------------------------------------
+CUDA_CONTEXT_GIB = 1.0  # CUDA context + cuBLAS/NCCL workspaces: 0.5-1.5 GB measured range
+FRAGMENTATION_FACTOR = 1.05  # caching-allocator reserved vs allocated (web calculators: 5-25%)
+# A setup "fits" when its predicted total <= GPU memory x this margin: the estimate's own
+# error (REFERENCE 7.4: good estimators are within a few %) plus allocator spikes.
+SAFETY_MARGIN = 0.92
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Predicted peak memory of one GPU, in GiB."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+    adapters: float
+    overhead: float
+    total: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in asdict(self).items()}
+
+
+def nf4_bytes_per_param() -> float:
+    """QLoRA double-quantized NF4 storage: (4 + 8/64 + 32/(64*256)) / 8 = 0.516 B/param."""
+    bits = NF4_BITS + NF4_ABSMAX_BITS / NF4_BLOCK + NF4_SECOND_SCALE_BITS / (NF4_BLOCK * NF4_SECOND_BLOCK)
+    return bits / 8
+
+
+def quantized_weight_bytes(linear_params: int, other_params: int, bits: int | None) -> float:
+    """Frozen base weights: linear leaves in 4/8-bit, embeddings, lm_head and norms stay bf16."""
+    if bits is None:
+        return BF16_BYTES * (linear_params + other_params)
+    per_param = {4: nf4_bytes_per_param(), 8: INT8_BYTES}.get(bits)
+    if per_param is None:
+        raise ValueError(f"quantization_bit: got {bits}; allowed: 4 | 8 | null")
+    return per_param * linear_params + BF16_BYTES * other_params
+
+
+def zero_paper_model_states(psi: float, stage: int, n: int, k: int = ADAM_K_MIXED) -> float:
+    """ZeRO paper (Rajbhandari et al. 2020, Fig. 1) model-state bytes per GPU, K=12 mixed AdamW.
+
+    stage 0: (2+2+K)Psi; 1: (2+2)Psi + K*Psi/N; 2: 2Psi + (2+K)Psi/N; 3: (2+2+K)Psi/N.
+    """
+    if stage == 0:
+        return (2 + 2 + k) * psi
+    if stage == 1:
+        return (2 + 2) * psi + k * psi / n
+    if stage == 2:
+        return 2 * psi + (2 + k) * psi / n
+    if stage == 3:
+        return (2 + 2 + k) * psi / n
+    raise ValueError(f"deepspeed stage: got {stage}; allowed: 0 | 1 | 2 | 3")
+
+
+def deepspeed_zero2_estimate(
+    params: int, gpus: int, gpus_per_node: int, offload: bool
+) -> tuple[float, float]:
+    """DeepSpeed ``estimate_zero2_model_states_mem_needs``: (gpu bytes, cpu bytes per node).
+
+    no offload: GPU 4P + 16P/N, CPU 4P * gpus_per_node * 1.5;
+    optimizer offload: GPU 2P, CPU P * max(4N, 16) * 1.5.
+    """
+    if offload:
+        return 2.0 * params, params * max(4 * gpus, 16) * DS_CPU_BUFFER_FACTOR
+    return 4.0 * params + 16.0 * params / gpus, 4.0 * params * gpus_per_node * DS_CPU_BUFFER_FACTOR
+
+
+def deepspeed_zero3_estimate(
+    params: int, largest_layer: int, gpus: int, nodes: int, offload_optimizer: bool, offload_param: bool
+) -> tuple[float, float]:
+    """DeepSpeed ``estimate_zero3_model_states_mem_needs`` (zero_init=True): (gpu, cpu/node) bytes.
+
+    no offload: 4*LL + 18P/N; optimizer offload: 4*LL + 2P/N (CPU 16P/nodes*1.5);
+    param+optimizer offload: 4*LL (CPU 18P/nodes*1.5).
+    """
+    live = ZERO3_LIVE_GATHER_BYTES * largest_layer
+    if offload_optimizer and offload_param:
+        return live, params * 18 / nodes * DS_CPU_BUFFER_FACTOR
+    if offload_optimizer:
+        return live + 2.0 * params / gpus, params * 16 / nodes * DS_CPU_BUFFER_FACTOR
+    return live + 18.0 * params / gpus, largest_layer * 4 * (gpus // nodes) * DS_CPU_BUFFER_FACTOR
+
+
+def activation_bytes_per_token_layer(hidden: int, kv_dim: int, intermediate: int) -> int:
+    """Llama/Qwen block, bf16, flash/SDPA attention: 2*(6h + 2*h_kv + 3*i) (REFERENCE 7.2)."""
+    return BF16_BYTES * (6 * hidden + 2 * kv_dim + 3 * intermediate)
+
+
+def eager_attention_bytes_per_token_layer(num_heads: int, seq_len: int) -> int:
+    """Eager attention stores the score matrix: 5*a*s bytes per token per layer (Korthikanti)."""
+    return EAGER_SCORE_BYTES * num_heads * seq_len
+
+
+def checkpointed_bytes_per_token_layer(hidden: int) -> int:
+    """Per-layer activation checkpointing keeps only each layer's bf16 input: 2*h."""
+    return BF16_BYTES * hidden
+
+
+def activation_bytes(
+    tokens: int,
+    layers: int,
+    full_layer_bytes_per_token: float,
+    hidden: int,
+    checkpointing: bool,
+    factor: float = 1.0,
+) -> float:
+    """Activations kept for backward over ``layers`` trainable-path layers.
+
+    no checkpointing: tokens * layers * full * factor;
+    checkpointing: tokens * (layers * 2h + full * factor) -- one layer is recomputed at a time.
+    """
+    full = full_layer_bytes_per_token * factor
+    if not checkpointing:
+        return tokens * layers * full
+    return tokens * (layers * checkpointed_bytes_per_token_layer(hidden) + full)
+
+
+def logits_bytes(tokens: int, vocab: int, fused: bool) -> float:
+    """Unfused HF loss: 10 B * tokens * V; fused linear-CE: chunk(1024) * V * 4 B (REFERENCE 7.3)."""
+    if fused:
+        return min(tokens, FUSED_CE_CHUNK_TOKENS) * vocab * FUSED_CE_BYTES
+    return UNFUSED_LOGITS_BYTES * tokens * vocab
+
+
+def overhead_bytes(other_bytes: float) -> float:
+    """CUDA context/workspaces plus allocator fragmentation on everything else."""
+    return CUDA_CONTEXT_GIB * GIB + (FRAGMENTATION_FACTOR - 1.0) * other_bytes
+
+
+def breakdown(
+    weights: float,
+    gradients: float,
+    optimizer: float,
+    activations: float,
+    logits: float,
+    adapters: float = 0.0,
+    overhead: float | None = None,
+) -> MemoryBreakdown:
+    """Assemble a ``MemoryBreakdown`` (inputs in bytes, fields in GiB)."""
+    parts = weights + gradients + optimizer + activations + logits + adapters
+    over = overhead_bytes(parts) if overhead is None else overhead
+    return MemoryBreakdown(
+        weights=weights / GIB,
+        gradients=gradients / GIB,
+        optimizer=optimizer / GIB,
+        activations=activations / GIB,
+        logits=logits / GIB,
+        adapters=adapters / GIB,
+        overhead=over / GIB,
+        total=(parts + over) / GIB,
+    )

@@ -1,0 +1,376 @@
+"""Pick the fastest training setup that fits: candidates, a rough cost model, the OOM ladder.
+
+The ladder is seed 003 §10.8 (flash + checkpointing -> ZeRO-2 -> ZeRO-3 -> offload -> QLoRA);
+among everything that fits we take the lowest relative cost, and switch the fine-tuning method
+(full -> LoRA/QLoRA) only when nothing fits otherwise, labelled as a method change.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from lmstack.plan import memory as mem
+from lmstack.plan.estimate import Estimate, Setup, estimate, validate_setup
+from lmstack.plan.model_spec import ModelSpec
+from lmstack.plan.parallel import Layout, enumerate_layouts
+
+MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+# YAML values for each DeepSpeed template (LF's examples/deepspeed names; z1 is lmstack's own).
+DEEPSPEED_CONFIGS = {
+    (0, False, False): "examples/deepspeed/ds_z0_config.json",
+    (1, False, False): "examples/deepspeed/ds_z1_config.json",
+    (2, False, False): "examples/deepspeed/ds_z2_config.json",
+    (2, True, False): "examples/deepspeed/ds_z2_offload_config.json",
+    (3, False, False): "examples/deepspeed/ds_z3_config.json",
+    (3, True, True): "examples/deepspeed/ds_z3_offload_config.json",
+}
+FSDP_YAML = {"FULL_SHARD": "full_shard auto_wrap", "SHARD_GRAD_OP": "shard_grad_op auto_wrap"}
+
+# --- rough relative cost model (time per token; 1.0 = plain DDP, fused CE, flash, big batch) --
+RECOMPUTE_COST = 1.33  # full checkpointing adds one forward: 8N vs 6N FLOPs (REFERENCE 6.1)
+ZERO12_COMM_COST = 1.02  # reduce-scatter + all-gather = DDP all-reduce volume (ZeRO paper §7)
+ZERO3_COMM_COST = 1.15  # 1.5x DDP volume, per-layer gathers in fwd and bwd; rough
+OFFLOAD_OPTIMIZER_COST = 1.6  # CPU Adam step + PCIe copies of grads/params; rough (ZeRO-Offload)
+OFFLOAD_PARAM_COST = 2.5  # params stream over PCIe every fwd and bwd; rough
+UNFUSED_CE_COST = 1.2  # Liger kernels measured +13-28% throughput (REFERENCE 8.2)
+EAGER_ATTENTION_COST = 1.3  # eager materialises s x s scores; FA/SDPA 1.2-2x faster (rough)
+LORA_COST = 1.0  # 4N vs 6N FLOPs, but PEFT-default LoRA measured no faster than full (REFERENCE 8.2)
+QUANT_COST = 1.15  # de-quantization kernels; torchtune -2%, unfused HF slower (REFERENCE 10.11)
+# Per-step fixed costs (launches, Python) amortise over tokens: efficiency = T / (T + T0),
+# T0 ~ 1/h^2 (work per token grows with h^2). Fit to Qwen2.5-0.5B 16K -> 64K tokens: +42%.
+LAUNCH_OVERHEAD_TOKENS = 10_000
+LAUNCH_OVERHEAD_REF_HIDDEN = 896
+
+StageArg = int | Literal["auto"] | None
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user's YAML asks for; ``None`` on micro_batch/gradient_checkpointing/fused_ce = search."""
+
+    spec: ModelSpec
+    finetuning_type: str = "full"
+    lora_rank: int = 8
+    lora_target: str | tuple[str, ...] = "all"
+    quantization_bit: int | None = None
+    seq_len: int = 2048
+    micro_batch: int | None = None
+    gradient_accumulation_steps: int = 1
+    gradient_checkpointing: bool | None = None
+    attention: str = "sdpa"
+    packing: bool = False
+    fused_ce: bool | None = False
+    deepspeed_stage: StageArg = None
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    fsdp: bool = False
+    fsdp_sharding: str = "FULL_SHARD"
+    num_gpus: int = 1  # total GPUs (world size) across all nodes
+    gpu_memory_gib: float = 80.0
+    nodes: int = 1
+    cpu_memory_gib: float | None = None  # per node; None = not checked
+    pure_bf16: bool = False
+    freeze_trainable_layers: int = 2
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    deepspeed_stage: int | None = None
+    offload_optimizer: bool = False
+    offload_param: bool = False
+    fsdp: str | None = None
+    method: str | None = None  # None keeps the request's method; "lora" | "qlora4" change it
+
+
+@dataclass(frozen=True)
+class Candidate:
+    strategy: Strategy
+    setup: Setup
+    estimate: Estimate
+    fits: bool
+    cost: float
+    why_not: str = ""
+
+    @property
+    def changes_method(self) -> bool:
+        return self.strategy.method is not None
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    candidate: Candidate
+    reason: str
+    yaml_changes: dict[str, object]
+
+
+@dataclass
+class PlanResult:
+    request: PlanRequest
+    candidates: list[Candidate]
+    configured: Candidate | None
+    recommendation: Recommendation | None
+    megatron: list[Layout] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _base_setup(req: PlanRequest) -> Setup:
+    stage = None if req.deepspeed_stage == "auto" else req.deepspeed_stage
+    return Setup(
+        finetuning_type=req.finetuning_type, lora_rank=req.lora_rank, lora_target=req.lora_target,
+        quantization_bit=req.quantization_bit, pure_bf16=req.pure_bf16,
+        freeze_trainable_layers=req.freeze_trainable_layers, num_gpus=req.num_gpus, nodes=req.nodes,
+        deepspeed_stage=stage, offload_optimizer=req.offload_optimizer, offload_param=req.offload_param,
+        fsdp=req.fsdp_sharding if req.fsdp else None, micro_batch=req.micro_batch or 1,
+        seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing),
+        attention=req.attention, fused_ce=bool(req.fused_ce),
+    )  # fmt: skip
+
+
+def configured_strategy(req: PlanRequest) -> Strategy:
+    base = _base_setup(req)
+    if base.fsdp:
+        return Strategy(f"fsdp_{base.fsdp.lower()}", fsdp=base.fsdp)
+    if base.deepspeed_stage is None:
+        return Strategy("single" if req.num_gpus == 1 else "ddp")
+    name = f"zero{base.deepspeed_stage}" + ("_offload" if base.offload_optimizer else "")
+    return Strategy(name, base.deepspeed_stage, base.offload_optimizer, base.offload_param)
+
+
+def candidate_strategies(req: PlanRequest, allow_method_change: bool = True) -> list[Strategy]:
+    """DDP, ZeRO-1/2/3, offload, FSDP (partitioning only with >1 GPU), then method changes."""
+    multi = req.num_gpus > 1
+    out = [Strategy("ddp" if multi else "single")]
+    if multi:
+        # zero2 before zero1: equal memory under DeepSpeed's estimator and equal cost, so ties go
+        # to the stage LF ships a template for (seed 003 §10.2).
+        out += [Strategy("zero2", 2), Strategy("zero1", 1), Strategy("zero3", 3)]
+        out += [
+            Strategy("fsdp_shard_grad_op", fsdp="SHARD_GRAD_OP"),
+            Strategy("fsdp_full_shard", fsdp="FULL_SHARD"),
+        ]
+    # Offload helps even on one GPU: the optimizer (and params) leave the GPU.
+    out += [Strategy("zero2_offload", 2, True), Strategy("zero3_offload", 3, True, True)]
+    configured = configured_strategy(req)
+    if configured not in out:
+        out.insert(0, configured)
+    if allow_method_change and req.quantization_bit is None:
+        zero = Strategy("zero3", 3) if multi else Strategy("single")
+        if req.finetuning_type != "lora":
+            out.append(replace(zero, name=f"lora+{zero.name}", method="lora"))
+        out.append(replace(zero, name=f"qlora4+{zero.name}", method="qlora4"))
+    return out
+
+
+def _apply(base: Setup, st: Strategy, ckpt: bool, mb: int, fused: bool, attn: str) -> Setup:
+    s = replace(
+        base, deepspeed_stage=st.deepspeed_stage, offload_optimizer=st.offload_optimizer,
+        offload_param=st.offload_param, fsdp=st.fsdp, gradient_checkpointing=ckpt, micro_batch=mb,
+        fused_ce=fused, attention=attn,
+    )  # fmt: skip
+    if st.method == "lora":
+        s = replace(s, finetuning_type="lora", quantization_bit=None)
+    elif st.method == "qlora4":
+        s = replace(s, finetuning_type="lora", quantization_bit=4)
+    return s
+
+
+def relative_cost(spec: ModelSpec, s: Setup) -> float:
+    """Rough time per token relative to an ideal DDP step (named constants above)."""
+    tokens = s.micro_batch * s.seq_len
+    t0 = LAUNCH_OVERHEAD_TOKENS * (LAUNCH_OVERHEAD_REF_HIDDEN / spec.hidden_size) ** 2
+    cost = (tokens + t0) / tokens
+    multi = s.num_gpus > 1
+    stage = 3 if s.fsdp == "FULL_SHARD" else (2 if s.fsdp else (s.deepspeed_stage or 0))
+    if multi and stage >= 3:
+        cost *= ZERO3_COMM_COST
+    elif multi and stage >= 1:
+        cost *= ZERO12_COMM_COST
+    cost *= OFFLOAD_OPTIMIZER_COST if s.offload_optimizer else 1.0
+    cost *= OFFLOAD_PARAM_COST if s.offload_param else 1.0
+    cost *= RECOMPUTE_COST if s.gradient_checkpointing else 1.0
+    cost *= 1.0 if s.fused_ce else UNFUSED_CE_COST
+    cost *= EAGER_ATTENTION_COST if s.attention == "eager" else 1.0
+    cost *= LORA_COST if s.finetuning_type == "lora" else 1.0
+    cost *= QUANT_COST if s.quantization_bit else 1.0
+    return cost
+
+
+def evaluate(req: PlanRequest, st: Strategy, s: Setup) -> Candidate:
+    est = estimate(req.spec, s)
+    usable = req.gpu_memory_gib * mem.SAFETY_MARGIN
+    why = ""
+    if est.gpu.total > usable:
+        why = f"needs {est.gpu.total:.1f} GiB > {usable:.1f} GiB usable per GPU"
+    elif req.cpu_memory_gib is not None and est.cpu_gib > req.cpu_memory_gib * mem.SAFETY_MARGIN:
+        why = f"offload needs {est.cpu_gib:.0f} GiB CPU memory per node > {req.cpu_memory_gib:.0f} GiB"
+    return Candidate(st, s, est, not why, relative_cost(req.spec, s), why)
+
+
+def search(req: PlanRequest, strategies: list[Strategy]) -> list[Candidate]:
+    """Every strategy x checkpointing x micro-batch x kernel choice the request leaves open."""
+    base = _base_setup(req)
+    validate_setup(base)
+    ckpts = [req.gradient_checkpointing] if req.gradient_checkpointing is not None else [False, True]
+    mbs = [req.micro_batch] if req.micro_batch else list(MICRO_BATCH_CHOICES)
+    fused = [req.fused_ce] if req.fused_ce is not None else [False, True]
+    attns = [req.attention] + (["sdpa"] if req.attention == "eager" else [])
+    out = []
+    for st, ckpt, mb, fu, at in itertools.product(strategies, ckpts, mbs, fused, attns):
+        out.append(evaluate(req, st, _apply(base, st, ckpt, mb, fu, at)))
+    return out
+
+
+def best(cands: list[Candidate]) -> Candidate | None:
+    """Fastest fitting candidate; ties go to less memory. None when nothing fits."""
+    fitting = [c for c in cands if c.fits]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda c: (round(c.cost, 3), c.estimate.gpu.total))
+
+
+def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
+    """The YAML fields to set so the training run matches candidate ``c``."""
+    s, ch = c.setup, {}
+    if s.deepspeed_stage is not None:
+        key = (s.deepspeed_stage, s.offload_optimizer, s.offload_param)
+        ch["deepspeed"] = DEEPSPEED_CONFIGS.get(key, f"<ZeRO-{key[0]} config with offload {key[1:]}>")
+    elif req.deepspeed_stage is not None:
+        ch["deepspeed"] = None
+    if s.fsdp and not req.fsdp:
+        ch["fsdp"] = FSDP_YAML[s.fsdp]
+    elif req.fsdp and not s.fsdp:
+        ch["fsdp"] = None
+    if req.gradient_checkpointing != s.gradient_checkpointing:
+        ch["gradient_checkpointing"] = s.gradient_checkpointing
+    if req.micro_batch != s.micro_batch:
+        ch["per_device_train_batch_size"] = s.micro_batch
+    if req.fused_ce != s.fused_ce:
+        ch["enable_liger_kernel"] = s.fused_ce
+    if req.attention != s.attention:
+        ch["flash_attn"] = "fa2" if s.attention == "flash" else s.attention
+    if s.finetuning_type != req.finetuning_type:
+        ch.update(finetuning_type="lora", lora_rank=s.lora_rank, lora_target="all")
+    if s.quantization_bit != req.quantization_bit:
+        ch["quantization_bit"] = s.quantization_bit
+    return ch
+
+
+def _label(c: Candidate) -> str:
+    s = c.setup
+    bits = [
+        c.strategy.name,
+        f"micro-batch {s.micro_batch}",
+        "checkpointing " + ("on" if s.gradient_checkpointing else "off"),
+    ]
+    if s.fused_ce:
+        bits.append("fused CE")
+    return ", ".join(bits)
+
+
+def _reason(req: PlanRequest, rec: Candidate, same_method_best: dict[str, Candidate]) -> str:
+    usable = req.gpu_memory_gib * mem.SAFETY_MARGIN
+    text = (
+        f"{_label(rec)} is the fastest setup that fits: it needs {rec.estimate.gpu.total:.1f} GiB per GPU "
+        f"of the {usable:.1f} GiB usable ({req.gpu_memory_gib:g} GiB x {mem.SAFETY_MARGIN})"
+        f", at a rough relative step cost of {rec.cost:.2f}."
+    )
+    if rec.setup.gradient_checkpointing:
+        text += " Gradient checkpointing is on: it re-runs each layer's forward (~33% more compute)."
+    else:
+        text += " Activations fit without gradient checkpointing, so no recompute cost."
+    if rec.setup.offload_optimizer:
+        text += f" Offload needs about {rec.estimate.cpu_gib:.0f} GiB of CPU memory per node."
+    tighter = [
+        f"{n} (best {c.estimate.gpu.total:.1f} GiB)" for n, c in same_method_best.items() if not c.fits
+    ]
+    if tighter:
+        text += " Did not fit: " + "; ".join(tighter[:4]) + "."
+    if rec.changes_method:
+        text += (
+            f" THIS CHANGES THE METHOD ({req.finetuning_type}"
+            f"{'' if req.quantization_bit is None else f' {req.quantization_bit}-bit'} -> {rec.strategy.method}):"
+            " nothing fits with the configured method on this hardware."
+        )
+    return text
+
+
+def _best_per_strategy(cands: list[Candidate]) -> dict[str, Candidate]:
+    out: dict[str, Candidate] = {}
+    for name in dict.fromkeys(c.strategy.name for c in cands):
+        group = [c for c in cands if c.strategy.name == name]
+        out[name] = best(group) or min(group, key=lambda c: c.estimate.gpu.total)
+    return out
+
+
+def recommend(req: PlanRequest, cands: list[Candidate]) -> Recommendation | None:
+    same = [c for c in cands if not c.changes_method]
+    rec = best(same) or best([c for c in cands if c.changes_method])
+    if rec is None:
+        return None
+    reason = _reason(req, rec, _best_per_strategy(same))
+    return Recommendation(rec, reason, yaml_changes(req, rec))
+
+
+def plan(req: PlanRequest) -> PlanResult:
+    """Evaluate the configured strategy and every candidate; recommend the fastest that fits."""
+    cands = search(req, candidate_strategies(req))
+    configured_name = configured_strategy(req).name
+    conf_group = [c for c in cands if c.strategy.name == configured_name]
+    configured = best(conf_group) or min(conf_group, key=lambda c: c.estimate.gpu.total)
+    notes = []
+    if req.num_gpus == 1 and req.deepspeed_stage not in (None, 0, "auto") and not req.offload_optimizer:
+        notes.append("DeepSpeed ZeRO on 1 GPU partitions nothing; only its offload saves GPU memory.")
+    if req.attention == "eager":
+        notes.append("attention eager stores the s x s score matrix; flash/sdpa removes it.")
+    megatron: list[Layout] = []
+    if req.finetuning_type == "full":
+        megatron = enumerate_layouts(
+            req.spec, req.num_gpus, max(req.num_gpus // req.nodes, 1), req.gradient_accumulation_steps,
+            micro_batch_size=req.micro_batch or 1, seq_len=req.seq_len, gpu_memory_gib=req.gpu_memory_gib,
+        )  # fmt: skip
+    rec = recommend(req, cands)
+    if rec is None:
+        smallest = min(cands, key=lambda c: c.estimate.gpu.total)
+        notes.append(
+            f"nothing fits, not even with LoRA/QLoRA; smallest: {_label(smallest)} at {smallest.estimate.gpu.total:.1f} GiB"
+        )
+    return PlanResult(req, cands, configured, rec, megatron, notes)
+
+
+def resolve_auto(req: PlanRequest) -> dict[str, object]:
+    """Concrete values for fields set to ``auto`` (deepspeed, micro-batch, checkpointing) + a log line.
+
+    Keys present only for auto fields: ``deepspeed`` (config path or None),
+    ``per_device_train_batch_size``, ``gradient_checkpointing``; always ``fits`` and ``message``.
+    The method is never changed here; when nothing fits the smallest setup is returned with a warning.
+    """
+    if req.deepspeed_stage == "auto":
+        strategies = [s for s in candidate_strategies(req, allow_method_change=False) if s.fsdp is None]
+    else:
+        strategies = [configured_strategy(req)]
+    fixed = replace(req, fused_ce=bool(req.fused_ce))
+    cands = search(fixed, strategies)
+    chosen = best(cands)
+    fits = chosen is not None
+    chosen = chosen or min(cands, key=lambda c: c.estimate.gpu.total)
+    s, out = chosen.setup, {}
+    if req.deepspeed_stage == "auto":
+        out["deepspeed"] = yaml_changes(replace(req, deepspeed_stage=None), chosen).get("deepspeed")
+    if req.micro_batch is None:
+        out["per_device_train_batch_size"] = s.micro_batch
+    if req.gradient_checkpointing is None:
+        out["gradient_checkpointing"] = s.gradient_checkpointing
+    shown = ", ".join(f"{k}={v}" for k, v in out.items())
+    total = chosen.estimate.gpu.total
+    if fits:
+        msg = f"plan: auto -> {shown} (predicted {total:.1f} GiB of {req.gpu_memory_gib:g} GiB per GPU)"
+    else:
+        msg = (
+            f"plan: WARNING nothing fits in {req.gpu_memory_gib:g} GiB; using the smallest setup {shown} "
+            f"(predicted {total:.1f} GiB); run `lmstack plan` for LoRA/QLoRA options"
+        )
+    out.update(fits=fits, message=msg)
+    return out

@@ -1,0 +1,209 @@
+"""Steps every stage shares: device checks, output dir, TrainingArguments, callbacks, outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from lmstack.config.errors import ConfigError
+from lmstack.config.load import save_config
+from lmstack.config.schema import Config
+
+logger = logging.getLogger(__name__)
+CONFIG_FILE = "lmstack_config.yaml"
+LOG_FILE = "trainer_log.jsonl"
+OWN_OUTPUTS = ("trainer_log.jsonl", "trainer_state.json", "train_results.json", "eval_results.json",
+               "all_results.json", "training_loss.png", "training_eval_loss.png", CONFIG_FILE)
+
+
+def device_type(cfg: Config) -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() and not cfg.training.use_cpu else "cpu"
+
+
+def check_precision(cfg: Config, device: str) -> None:
+    if cfg.training.bf16 and cfg.training.fp16:
+        raise ConfigError("bf16 and fp16: set only one of them")
+    if cfg.training.fp16 and device == "cpu":
+        raise ConfigError("fp16: needs a CUDA GPU (fp16 mixed precision does not run on CPU); use bf16: true, "
+                          "which runs on CPU through autocast, or no mixed precision")
+    if cfg.training.bf16 and device == "cuda":
+        import torch
+
+        if not torch.cuda.is_bf16_supported():
+            raise ConfigError("bf16: this GPU has no bf16 support; use fp16: true")
+
+
+def last_checkpoint(output_dir: Path) -> Path | None:
+    ckpts = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    return max(ckpts, key=lambda p: int(p.name.split("-")[-1])) if ckpts else None
+
+
+def prepare_output_dir(cfg: Config) -> str | None:
+    """Returns the checkpoint to resume from (or None). Refuses to mix runs silently."""
+    out = Path(cfg.training.output_dir)
+    resume = cfg.training.resume_from_checkpoint
+    if resume == "auto":
+        found = last_checkpoint(out) if out.is_dir() else None
+        logger.info("resume_from_checkpoint: auto -> %s", found or "no checkpoint found, starting fresh")
+        return str(found) if found else None
+    if resume is not None:
+        if not Path(resume).is_dir():
+            raise ConfigError(f"resume_from_checkpoint: {resume} is not a directory; give a checkpoint-N folder "
+                              "or `auto`")
+        return resume
+    if out.is_dir() and any(out.iterdir()):
+        if not cfg.training.overwrite_output_dir:
+            raise ConfigError(f"output_dir: {out} already exists and is not empty; set overwrite_output_dir: true "
+                              "to replace it, or resume_from_checkpoint: auto to continue the run")
+        for ckpt in out.glob("checkpoint-*"):
+            shutil.rmtree(ckpt)
+        for name in OWN_OUTPUTS:
+            (out / name).unlink(missing_ok=True)
+    return None
+
+
+def training_arguments(cfg: Config, device: str) -> Any:
+    from transformers import TrainingArguments
+
+    t = cfg.training
+    kwargs: dict[str, Any] = dict(
+        output_dir=t.output_dir, do_train=t.do_train, do_eval=t.do_eval,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        per_device_eval_batch_size=t.per_device_eval_batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation_steps, learning_rate=t.learning_rate,
+        weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_epsilon=t.adam_epsilon,
+        max_grad_norm=t.max_grad_norm, optim=t.optim, num_train_epochs=t.num_train_epochs, max_steps=t.max_steps,
+        lr_scheduler_type=t.lr_scheduler_type, bf16=t.bf16 and not cfg.finetuning.pure_bf16, fp16=t.fp16,
+        seed=t.seed, data_seed=t.seed, logging_steps=t.logging_steps, save_strategy=t.save_strategy,
+        save_steps=t.save_steps, save_total_limit=t.save_total_limit, save_only_model=t.save_only_model,
+        eval_strategy=t.eval_strategy, eval_steps=t.eval_steps, report_to=t.report_to,
+        dataloader_num_workers=t.dataloader_num_workers, ddp_timeout=t.ddp_timeout, deepspeed=t.deepspeed,
+        torch_compile=t.torch_compile, disable_tqdm=t.disable_tqdm, use_cpu=device == "cpu",
+        remove_unused_columns=False, include_num_input_tokens_seen="non_padding",
+        train_sampling_strategy="sequential" if cfg.finetuning.disable_shuffling else "random",
+    )
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    if "warmup_ratio" in fields:  # transformers < 5.x had a separate ratio field
+        kwargs.update(warmup_ratio=t.warmup_ratio, warmup_steps=t.warmup_steps)
+    else:
+        kwargs["warmup_steps"] = t.warmup_steps if t.warmup_steps > 0 else t.warmup_ratio
+    if t.logging_dir and "logging_dir" in fields:
+        kwargs["logging_dir"] = t.logging_dir
+    if "train_sampling_strategy" not in fields:
+        kwargs.pop("train_sampling_strategy")
+    return TrainingArguments(**{k: v for k, v in kwargs.items() if k in fields})
+
+
+def enable_gradient_checkpointing(cfg: Config, model: Any) -> None:
+    gc = cfg.training.gradient_checkpointing
+    if cfg.model.disable_gradient_checkpointing or gc is False:
+        return
+    if gc == "auto":
+        raise ConfigError("gradient_checkpointing: auto must be resolved before the model is built")
+    # transformers >= 5.2x renamed it activation_checkpointing_enable; older 5.x only has the old name
+    kwargs = {"use_reentrant": cfg.model.use_reentrant_gc}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if cfg.finetuning.finetuning_type != "full":
+        model.enable_input_require_grads()  # frozen embeddings: reentrant checkpoints need a grad-requiring input
+    logger.info("gradient checkpointing enabled")
+
+
+class PadCollator:
+    """Pads input_ids with the pad id, labels with -100; builds the attention mask."""
+
+    def __init__(self, pad_id: int, multiple_of: int = 1):
+        self.pad_id = pad_id
+        self.multiple_of = multiple_of
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        longest = max(len(f["input_ids"]) for f in features)
+        width = -(-longest // self.multiple_of) * self.multiple_of
+        ids = torch.full((len(features), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(features), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(features), width), dtype=torch.long)
+        for i, f in enumerate(features):
+            n = len(f["input_ids"])
+            ids[i, :n] = torch.tensor(f["input_ids"])
+            labels[i, :n] = torch.tensor(f["labels"])
+            mask[i, :n] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def make_callbacks(cfg: Config) -> list:
+    from transformers import TrainerCallback
+
+    class LogCallback(TrainerCallback):
+        """Writes trainer_log.jsonl (one JSON per logging step, LF's keys); never duplicates on resume."""
+
+        def __init__(self) -> None:
+            self.start = time.time()
+            self.start_step = 0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.start, self.start_step = time.time(), state.global_step
+            path = Path(args.output_dir) / LOG_FILE
+            if state.is_world_process_zero and path.is_file():
+                kept = [ln for ln in path.read_text().splitlines()
+                        if ln.strip() and json.loads(ln).get("current_steps", 0) <= state.global_step]
+                path.write_text("".join(ln + "\n" for ln in kept))
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not state.is_world_process_zero or not logs:
+                return
+            elapsed = time.time() - self.start
+            done = max(state.global_step - self.start_step, 1)
+            remaining = elapsed / done * (state.max_steps - state.global_step)
+            record = {"current_steps": state.global_step, "total_steps": state.max_steps,
+                      "loss": logs.get("loss"), "eval_loss": logs.get("eval_loss"), "lr": logs.get("learning_rate"),
+                      "epoch": round(state.epoch or 0.0, 4),
+                      "percentage": round(100 * state.global_step / max(state.max_steps, 1), 2),
+                      "elapsed_time": _hms(elapsed), "remaining_time": _hms(remaining),
+                      "total_tokens": state.num_input_tokens_seen or None}
+            with (Path(args.output_dir) / LOG_FILE).open("a") as fh:
+                fh.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")
+
+    class SaveLastStep(TrainerCallback):
+        """The final step is always checkpointed (checkpoint-<max_steps> exists after every run)."""
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if args.save_strategy != "no" and state.global_step >= state.max_steps:
+                control.should_save = True
+
+    return [LogCallback(), SaveLastStep()]
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def save_outputs(cfg: Config, trainer: Any, train_result: Any) -> None:
+    """Final model/adapter + tokenizer, trainer_state.json, *_results.json, plots."""
+    trainer.save_model()
+    trainer.save_state()
+    metrics = dict(train_result.metrics)
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    if cfg.training.do_eval and trainer.eval_dataset is not None:
+        eval_metrics = trainer.evaluate()
+        trainer.log_metrics("eval", eval_metrics)
+        trainer.save_metrics("eval", eval_metrics)
+    if trainer.is_world_process_zero():
+        save_config(cfg, Path(cfg.training.output_dir) / CONFIG_FILE)
+        if cfg.finetuning.plot_loss:
+            from lmstack.train.plots import plot_metrics
+
+            for path in plot_metrics(cfg.training.output_dir, ["loss", "eval_loss"]):
+                logger.info("wrote %s", path)

@@ -1,0 +1,75 @@
+import pytest
+
+from lmstack.config.errors import ConfigError
+from lmstack.config.load import build_config, load_config, parse_overrides
+
+BASE = {"model_name_or_path": "m", "output_dir": "o"}
+
+
+def test_defaults_and_sections():
+    cfg = build_config(dict(BASE))
+    assert cfg.finetuning.stage == "sft" and cfg.finetuning.finetuning_type == "lora"
+    assert cfg.data.dataset_dir == "data" and cfg.data.cutoff_len == 2048
+    assert cfg.flat()["lora_rank"] == 8
+
+
+def test_typo_suggests_closest_field():
+    with pytest.raises(ConfigError, match=r"lerning_rate: unknown field \(did you mean 'learning_rate'\?\)"):
+        build_config({**BASE, "lerning_rate": 1e-4})
+
+
+def test_bad_enum_names_field_value_allowed_and_suggestion():
+    with pytest.raises(ConfigError) as err:
+        build_config({**BASE, "finetuning_type": "lroa"})
+    msg = str(err.value)
+    assert "finetuning_type: got 'lroa'; allowed: lora | freeze | full (did you mean 'lora'?)" == msg
+
+
+def test_wrong_type_names_field_and_value():
+    with pytest.raises(ConfigError, match=r"lora_rank: got 'eight'"):
+        build_config({**BASE, "lora_rank": "eight"})
+    with pytest.raises(ConfigError, match=r"cutoff_len: got -5"):
+        build_config({**BASE, "cutoff_len": -5})
+
+
+def test_missing_required_field():
+    with pytest.raises(ConfigError, match=r"model_name_or_path: required field is missing"):
+        build_config({"output_dir": "o"})
+
+
+def test_unsupported_lf_field_is_an_error_not_ignored():
+    with pytest.raises(ConfigError, match="use_galore: a LLaMA-Factory field lmstack does not support yet"):
+        build_config({**BASE, "use_galore": True})
+
+
+def test_repeated_key_same_value_warns_once(tmp_path, caplog):
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name_or_path: m\noutput_dir: o\ntemplate: qwen\ntemplate: qwen\n")
+    cfg = load_config(path)
+    assert cfg.data.template == "qwen"
+    assert sum("repeated keys" in r.message for r in caplog.records) == 1
+    assert "template (line 4)" in caplog.text
+
+
+def test_repeated_key_different_value_is_error(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name_or_path: m\noutput_dir: o\ntemplate: qwen\ntemplate: llama3\n")
+    with pytest.raises(ConfigError, match=r"template: set twice with different values \('qwen', then 'llama3'"):
+        load_config(path)
+
+
+def test_overrides_are_typed_and_win(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name_or_path: m\noutput_dir: o\nlearning_rate: 1.0e-3\n")
+    cfg = load_config(path, ["learning_rate=1e-4", "lora_rank=16", "--bf16", "true", "--seed=7"])
+    assert cfg.training.learning_rate == 1e-4 and cfg.finetuning.lora_rank == 16
+    assert cfg.training.bf16 is True and cfg.training.seed == 7
+    assert parse_overrides(["template="]) == {"template": None}
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_overrides(["learning_rate"])
+
+
+def test_secret_is_redacted_in_flat_view():
+    cfg = build_config({**BASE, "hf_hub_token": "hf_canary_123"})
+    assert cfg.flat()["hf_hub_token"] == "***"
+    assert "hf_canary_123" not in repr(cfg)

@@ -1,0 +1,39 @@
+"""Model specs for the planner tests: real transformers configs built on the meta device."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import GPT2Config, LlamaConfig, Qwen2Config
+
+from lmstack.plan import ModelSpec
+
+QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+QWEN_15B = dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip
+QWEN_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)  # fmt: skip
+LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8)  # fmt: skip
+LLAMA_13B = dict(vocab_size=32000, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
+                 num_attention_heads=40)  # fmt: skip
+LLAMA2_70B = dict(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                  num_attention_heads=64, num_key_value_heads=8)  # fmt: skip
+LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                 num_attention_heads=32)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def specs() -> dict[str, ModelSpec]:
+    return {
+        "qwen2.5-0.5b": ModelSpec.from_config(Qwen2Config(**QWEN_05B)),
+        "qwen2.5-1.5b": ModelSpec.from_config(Qwen2Config(**QWEN_15B)),
+        "qwen2.5-7b": ModelSpec.from_config(Qwen2Config(**QWEN_7B)),
+        "llama-3-8b": ModelSpec.from_config(LlamaConfig(**LLAMA3_8B)),
+        "llama-13b": ModelSpec.from_config(LlamaConfig(**LLAMA_13B)),
+        "llama-2-70b": ModelSpec.from_config(LlamaConfig(**LLAMA2_70B)),
+        "llama-2-7b": ModelSpec.from_config(LlamaConfig(**LLAMA2_7B)),
+        "gpt3-175b": ModelSpec.from_config(
+            GPT2Config(n_positions=2048, n_embd=12288, n_layer=96, n_head=96, vocab_size=50257)
+        ),
+    }

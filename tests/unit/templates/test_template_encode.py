@@ -1,0 +1,162 @@
+"""Encoding: ids agree with the tokenizer's own chat template, labels are masked where the template
+says, efficient-EOS families train the EOS, and bad input fails with a message that says why."""
+
+from __future__ import annotations
+
+import pytest
+from _template_cases import CHAT, SYSTEM, TOOL_CHAT
+
+from lmstack.config.errors import ConfigError
+from lmstack.templates import get_template
+from lmstack.tiny import build_tokenizer
+
+IGNORE = -100
+
+
+def supervised(pairs):
+    """The caller's rule (REFERENCE §3.3): sources masked, targets trained."""
+    ids, labels = [], []
+    for src, tgt in pairs:
+        ids += src + tgt
+        labels += [IGNORE] * len(src) + tgt
+    return ids, labels
+
+
+def trained_spans(tok, ids, labels):
+    spans, cur = [], []
+    for i, lab in zip(ids, labels):
+        if lab == IGNORE and cur:
+            spans.append(tok.decode(cur))
+            cur = []
+        elif lab != IGNORE:
+            cur.append(i)
+    return spans + ([tok.decode(cur)] if cur else [])
+
+
+@pytest.mark.parametrize("name", ["qwen", "chatml"])
+def test_ids_equal_the_tokenizers_own_chat_template(tok, name):
+    pairs = get_template(name).encode_multiturn(tok, CHAT, SYSTEM)
+    ids = [i for src, tgt in pairs for i in src + tgt]
+    hf = tok.apply_chat_template(
+        [{"role": "system", "content": SYSTEM}, *CHAT], tokenize=True, return_dict=False
+    )
+    assert ids == hf
+
+
+@pytest.mark.parametrize("name", ["qwen", "chatml"])
+def test_prompt_ids_equal_the_tokenizers_generation_prompt(tok, name):
+    ids = get_template(name).encode_prompt(tok, CHAT[:3], SYSTEM)
+    hf = tok.apply_chat_template(
+        [{"role": "system", "content": SYSTEM}, *CHAT[:3]],
+        tokenize=True,
+        add_generation_prompt=True,
+        return_dict=False,
+    )
+    assert ids == hf
+
+
+def test_labels_mask_sources_and_train_answers_with_their_trailer(tok):
+    pairs = get_template("qwen").encode_multiturn(tok, CHAT, SYSTEM)
+    assert len(pairs) == 2
+    assert tok.decode(pairs[0][0]) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    ids, labels = supervised(pairs)
+    assert trained_spans(tok, ids, labels) == ["Hello!<|im_end|>\n", "Sunny.<|im_end|>\n"]
+    n_src = len(pairs[0][0])
+    assert labels[:n_src] == [IGNORE] * n_src
+
+
+def test_tool_turns_train_the_call_and_mask_the_observation(tok):
+    pairs = get_template("qwen").encode_multiturn(tok, TOOL_CHAT, "")
+    ids, labels = supervised(pairs)
+    assert trained_spans(tok, ids, labels) == [
+        "Hello!<|im_end|>\n",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n',
+        "It is 22 degrees.<|im_end|>\n",
+    ]
+    assert tok.decode(pairs[2][0]) == (
+        '<|im_start|>user\n<tool_response>\n{"temp": 22}\n</tool_response><|im_end|>\n<|im_start|>assistant\n'
+    )
+
+
+@pytest.fixture(scope="module")
+def glm_tok():
+    tok = build_tokenizer(["Hi Hello! Weather in Paris? Sunny."] * 4, vocab_size=512)
+    tok.add_special_tokens(
+        {
+            "additional_special_tokens": [
+                "[gMASK]",
+                "<sop>",
+                "<|system|>",
+                "<|user|>",
+                "<|assistant|>",
+                "<|observation|>",
+            ]
+        },
+        replace_extra_special_tokens=False,
+    )
+    return tok
+
+
+def test_efficient_eos_appends_eos_to_every_target_but_not_to_the_text(glm_tok):
+    template = get_template("glm4")
+    eos = glm_tok.eos_token_id
+    pairs = template.encode_multiturn(glm_tok, CHAT, "")
+    ids, labels = supervised(pairs)
+    # what is trained: each answer followed by the EOS id (the format prints none)
+    assert [t[-1] for _, t in pairs] == [eos, eos]
+    assert glm_tok.decode(pairs[0][1]) == "\nHello!" + glm_tok.eos_token
+    assert trained_spans(glm_tok, ids, labels) == ["\nHello!<|im_end|>", "\nSunny.<|im_end|>"]
+    assert labels.count(eos) == 2 and [i for i, lab in zip(ids, labels) if lab == IGNORE].count(eos) == 0
+    # the next source starts with <|user|>, masked
+    assert pairs[1][0][0] == glm_tok.convert_tokens_to_ids("<|user|>")
+    # rendered text has no EOS; the generation prompt keeps the history EOS so it matches training
+    assert glm_tok.eos_token not in template.render(CHAT, "", glm_tok)
+    prompt = template.encode_prompt(glm_tok, CHAT[:3], "")
+    assert prompt == pairs[0][0] + pairs[0][1] + pairs[1][0]
+
+
+def test_bos_slot_becomes_the_bos_id(tok):
+    tok2 = build_tokenizer(["Hi Hello!"] * 4, vocab_size=300)
+    tok2.add_special_tokens({"bos_token": "<s>"})
+    src, tgt = get_template("llama2").encode_multiturn(tok2, CHAT[:2], "")[0]
+    assert src[0] == tok2.bos_token_id and tok2.decode(src) == "<s>[INST] Hi [/INST]"
+    # a tokenizer without bos: the slot is empty (as in LLaMA-Factory)
+    src, _ = get_template("llama2").encode_multiturn(tok, CHAT[:2], "")[0]
+    assert tok.decode(src) == "[INST] Hi [/INST]"
+
+
+def test_unknown_template_names_the_closest():
+    with pytest.raises(ConfigError, match=r"template: got 'qwen3-nothink'.*did you mean 'qwen3_nothink'"):
+        get_template("qwen3-nothink")
+
+
+def test_role_order_error_names_the_message():
+    bad = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(ValueError, match=r"message 1: role 'user' where assistant or function is expected"):
+        get_template("qwen").render(bad)
+    with pytest.raises(ValueError, match=r"message 0: role 'assistant'"):
+        get_template("qwen").render([{"role": "assistant", "content": "a"}])
+
+
+def test_conversation_shape_errors(tok):
+    with pytest.raises(ValueError, match="ends with an assistant turn"):
+        get_template("qwen").encode_multiturn(tok, CHAT[:3])
+    with pytest.raises(ValueError, match="ends with a user turn"):
+        get_template("qwen").encode_prompt(tok, CHAT)
+    bad_call = [{"role": "user", "content": "a"}, {"role": "function", "content": "get_weather(city=1)"}]
+    with pytest.raises(ValueError, match="function message: not valid JSON"):
+        get_template("qwen").render(bad_call)
+    with pytest.raises(ValueError, match="tools: not valid JSON"):
+        get_template("qwen").render(CHAT[:1], tools="[{")
+
+
+def test_fix_tokenizer_makes_the_first_stop_word_eos():
+    tok = build_tokenizer(["Hi"] * 4, vocab_size=300)
+    tok.eos_token = "<|endoftext|>"
+    notes = get_template("qwen").fix_tokenizer(tok)
+    assert tok.eos_token == "<|im_end|>" and any("eos token set to <|im_end|>" in n for n in notes)
+    assert get_template("qwen").stop_token_ids(tok) == [tok.convert_tokens_to_ids("<|im_end|>")]
+    notes = get_template("llama3").fix_tokenizer(tok)
+    assert "<|eom_id|>" in tok.get_vocab() and tok.eos_token == "<|eot_id|>"
