@@ -50,9 +50,22 @@ def tiny_tokenizer(tiny_model):
 def base_cfg(tiny_model, tmp_path) -> dict:
     """A small, fast LoRA SFT config on the tiny model (flat LF field names)."""
     return {
-        "model_name_or_path": str(tiny_model), "template": "qwen", "stage": "sft", "do_train": True,
-        "finetuning_type": "lora", "lora_target": "all", "dataset": "alpaca_en_demo", "dataset_dir": str(DATA_DIR),
-        "cutoff_len": 128, "output_dir": str(tmp_path / "out"), "per_device_train_batch_size": 4,
-        "learning_rate": 1e-2, "max_steps": 4, "logging_steps": 1, "save_steps": 100, "report_to": "none",
-        "disable_tqdm": True, "seed": 0,
+        "model_name_or_path": str(tiny_model),
+        "template": "qwen",
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "lora",
+        "lora_target": "all",
+        "dataset": "alpaca_en_demo",
+        "dataset_dir": str(DATA_DIR),
+        "cutoff_len": 128,
+        "output_dir": str(tmp_path / "out"),
+        "per_device_train_batch_size": 4,
+        "learning_rate": 1e-2,
+        "max_steps": 4,
+        "logging_steps": 1,
+        "save_steps": 100,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 0,
     }

@@ -22,10 +22,22 @@ CHAT_TEMPLATE = (
 ARCHS = {
     # initializer_range 0.1 (not 0.02): a 128-wide random model then has logits large enough for a
     # LoRA run of a few dozen steps to visibly lower the loss.
-    "qwen2": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, initializer_range=0.1),
-    "llama": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, initializer_range=0.1),
+    "qwen2": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.1,
+    ),
+    "llama": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=0.1,
+    ),
 }
 _FALLBACK_CORPUS = [
     "Hello, how can I help you today?",

@@ -17,31 +17,68 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def losses(out: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (out / "trainer_log.jsonl").read_text().splitlines()
-            if "loss" in json.loads(line)]
+    return [
+        json.loads(line)["loss"]
+        for line in (out / "trainer_log.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
 
 
 def test_lora_sft_learns_and_writes_lf_outputs(base_cfg, tiny_model):
-    cfg = {**base_cfg, "max_steps": 24, "lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.0,
-           "save_steps": 10, "plot_loss": True, "val_size": 0.1, "do_eval": True}
+    cfg = {
+        **base_cfg,
+        "max_steps": 24,
+        "lora_rank": 8,
+        "lora_alpha": 16,
+        "lora_dropout": 0.0,
+        "save_steps": 10,
+        "plot_loss": True,
+        "val_size": 0.1,
+        "do_eval": True,
+    }
     train(None, cfg)
     out = Path(cfg["output_dir"])
-    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "trainer_state.json", "trainer_log.jsonl", "train_results.json", "all_results.json",
-                 "eval_results.json", "training_loss.png", "lmstack_config.yaml"):
+    for name in (
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "trainer_state.json",
+        "trainer_log.jsonl",
+        "train_results.json",
+        "all_results.json",
+        "eval_results.json",
+        "training_loss.png",
+        "lmstack_config.yaml",
+    ):
         assert (out / name).is_file(), name
     assert {p.name for p in out.glob("checkpoint-*")} == {"checkpoint-10", "checkpoint-20", "checkpoint-24"}
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["r"] == 8 and adapter["lora_alpha"] == 16 and adapter["lora_dropout"] == 0.0
     assert adapter["peft_type"] == "LORA" and adapter["task_type"] == "CAUSAL_LM"
-    assert sorted(adapter["target_modules"]) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj",
-                                                 "up_proj", "v_proj"]
+    assert sorted(adapter["target_modules"]) == [
+        "down_proj",
+        "gate_proj",
+        "k_proj",
+        "o_proj",
+        "q_proj",
+        "up_proj",
+        "v_proj",
+    ]
     assert adapter["base_model_name_or_path"] == str(tiny_model)
     assert (out / "training_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     log = [json.loads(x) for x in (out / "trainer_log.jsonl").read_text().splitlines()]
     first = log[0]
-    for key in ("current_steps", "total_steps", "loss", "lr", "epoch", "percentage", "elapsed_time",
-                "remaining_time"):
+    for key in (
+        "current_steps",
+        "total_steps",
+        "loss",
+        "lr",
+        "epoch",
+        "percentage",
+        "elapsed_time",
+        "remaining_time",
+    ):
         assert key in first, key
     assert [r["current_steps"] for r in log if "loss" in r] == list(range(1, 25))
     curve = losses(out)
@@ -65,7 +102,9 @@ def test_reloaded_adapter_gives_same_logits(base_cfg, tiny_model):
     # rebuild the in-memory result: the adapter weights saved at the end are the trained ones
     weights = load_file(out / "adapter_model.safetensors")
     assert all(t.numel() > 0 for t in weights.values())
-    assert any(t.abs().sum() > 0 for k, t in weights.items() if "lora_B" in k), "lora_B still zero: not trained"
+    assert any(t.abs().sum() > 0 for k, t in weights.items() if "lora_B" in k), (
+        "lora_B still zero: not trained"
+    )
     manual = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     with torch.no_grad():
         for name, module in manual.named_modules():
@@ -82,8 +121,13 @@ def test_reloaded_adapter_gives_same_logits(base_cfg, tiny_model):
 def test_full_and_freeze_change_exactly_the_right_parameters(base_cfg, tiny_model, kind):
     from transformers import AutoModelForCausalLM
 
-    cfg = {**base_cfg, "finetuning_type": kind, "max_steps": 3, "learning_rate": 1e-3,
-           "freeze_trainable_layers": 1}
+    cfg = {
+        **base_cfg,
+        "finetuning_type": kind,
+        "max_steps": 3,
+        "learning_rate": 1e-3,
+        "freeze_trainable_layers": 1,
+    }
     train(None, cfg)
     before = load_file(Path(tiny_model) / "model.safetensors")
     after = AutoModelForCausalLM.from_pretrained(cfg["output_dir"], dtype=torch.float32).state_dict()
@@ -104,14 +148,23 @@ def _no_model_load(monkeypatch):
     monkeypatch.setattr(sft, "load_model", fail)
 
 
-@pytest.mark.parametrize("change,pattern", [
-    ({"model_name_or_path": "/nonexistent/model"}, r"model_name_or_path: directory not found: /nonexistent/model"),
-    ({"dataset": "alpaca_en_dmo"}, r"dataset: 'alpaca_en_dmo' is not in .*dataset_info.json \(did you mean "
-                                   r"'alpaca_en_demo'\?\)"),
-    ({"template": "qwne"}, r"template: got 'qwne'.*did you mean 'qwen'"),
-    ({"fp16": True}, r"fp16: needs a CUDA GPU"),
-    ({"stage": "ppo"}, r"stage: 'ppo' is not implemented yet"),
-])
+@pytest.mark.parametrize(
+    "change,pattern",
+    [
+        (
+            {"model_name_or_path": "/nonexistent/model"},
+            r"model_name_or_path: directory not found: /nonexistent/model",
+        ),
+        (
+            {"dataset": "alpaca_en_dmo"},
+            r"dataset: 'alpaca_en_dmo' is not in .*dataset_info.json \(did you mean "
+            r"'alpaca_en_demo'\?\)",
+        ),
+        ({"template": "qwne"}, r"template: got 'qwne'.*did you mean 'qwen'"),
+        ({"fp16": True}, r"fp16: needs a CUDA GPU"),
+        ({"stage": "ppo"}, r"stage: 'ppo' is not implemented yet"),
+    ],
+)
 def test_config_errors_before_model_load(base_cfg, monkeypatch, change, pattern):
     _no_model_load(monkeypatch)
     with pytest.raises(LmstackError, match=pattern):
@@ -122,9 +175,14 @@ def test_missing_data_file_and_all_bad_records(base_cfg, tmp_path, monkeypatch):
     _no_model_load(monkeypatch)
     data = tmp_path / "data"
     data.mkdir()
-    (data / "dataset_info.json").write_text(json.dumps({
-        "gone": {"file_name": "missing.json"},
-        "bad": {"file_name": "bad.jsonl", "columns": {"prompt": "instruction", "response": "output"}}}))
+    (data / "dataset_info.json").write_text(
+        json.dumps(
+            {
+                "gone": {"file_name": "missing.json"},
+                "bad": {"file_name": "bad.jsonl", "columns": {"prompt": "instruction", "response": "output"}},
+            }
+        )
+    )
     with pytest.raises(DataError, match=r"\[gone\]: file_name 'missing.json': no such file"):
         train(None, {**base_cfg, "dataset_dir": str(data), "dataset": "gone"})
     (data / "bad.jsonl").write_text('{"instruction": "a"}\n{"output": "b"}\nnot json\n')
@@ -153,13 +211,24 @@ def test_seed_yaml_runs_verbatim(tmp_path, tiny_model):
     text = text.replace("output_dir: saves/qwen-3b-sft-mini", f"output_dir: {out}")
     shutil.copytree(REPO / "data", tmp_path / "data")
     (tmp_path / "seed.yaml").write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "lmstack.cli.main", "train", "seed.yaml", "disable_tqdm=true"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmstack.cli.main", "train", "seed.yaml", "disable_tqdm=true"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "repeated keys with the same value (kept once): template" in proc.stderr
     assert "Found linear modules: down_proj,gate_proj,k_proj,o_proj,q_proj,up_proj,v_proj" in proc.stderr
     assert "trainable params:" in proc.stderr
-    for name in ("adapter_model.safetensors", "adapter_config.json", "trainer_state.json", "trainer_log.jsonl",
-                 "training_loss.png", "checkpoint-20"):
+    for name in (
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "trainer_state.json",
+        "trainer_log.jsonl",
+        "training_loss.png",
+        "checkpoint-20",
+    ):
         assert (out / name).exists(), name
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 20

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -11,6 +12,9 @@ from lmstack import __version__
 from lmstack.config.errors import LmstackError
 
 logger = logging.getLogger("lmstack")
+
+# Subcommands that live in their own module `lmstack.cli.<name>`, each with `register(subparsers)`.
+EXTRA_COMMANDS: tuple[str, ...] = ()
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -69,24 +73,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     visible, memory = _visible_gpus()
     gpus = args.gpus or visible
-    req = request_from_config(cfg, gpus, args.gpu_memory or memory or 80.0, args.nodes, args.cpu_memory,
-                              search=args.search)
+    req = request_from_config(
+        cfg, gpus, args.gpu_memory or memory or 80.0, args.nodes, args.cpu_memory, search=args.search
+    )
     if args.megatron or args.tp or args.pp:
         total, per_node = gpus * args.nodes, gpus
         mb = args.micro_batches
         if args.tp or args.pp:
-            layouts = [check_layout(req.spec, total, args.tp or 1, args.pp or 1, gpus_per_node=per_node,
-                                    micro_batches=mb, seq_len=req.seq_len, gpu_memory_gib=req.gpu_memory_gib)]
+            layouts = [
+                check_layout(
+                    req.spec,
+                    total,
+                    args.tp or 1,
+                    args.pp or 1,
+                    gpus_per_node=per_node,
+                    micro_batches=mb,
+                    seq_len=req.seq_len,
+                    gpu_memory_gib=req.gpu_memory_gib,
+                )
+            ]
         else:
-            layouts = enumerate_layouts(req.spec, total, per_node, mb, seq_len=req.seq_len,
-                                        gpu_memory_gib=req.gpu_memory_gib)
+            layouts = enumerate_layouts(
+                req.spec, total, per_node, mb, seq_len=req.seq_len, gpu_memory_gib=req.gpu_memory_gib
+            )
         if args.json:
             print(json.dumps([layout_dict(x) for x in layouts], indent=2))
             return 0
         for x in layouts:
             mem = f"{x.per_gpu.total:7.1f} GiB" if x.per_gpu else "      -"
-            print(f"TP={x.tp:<3} PP={x.pp:<3} DP={x.dp:<4} bubble={x.bubble_ratio:5.1%} {mem}  "
-                  f"{'valid' if x.valid else 'INVALID'}: {x.reason}")
+            print(
+                f"TP={x.tp:<3} PP={x.pp:<3} DP={x.dp:<4} bubble={x.bubble_ratio:5.1%} {mem}  "
+                f"{'valid' if x.valid else 'INVALID'}: {x.reason}"
+            )
         best = next((x for x in layouts if x.valid), None)
         if best is not None:
             print("\npretrain_gpt.py " + " ".join(pretrain_gpt_args(best)))
@@ -97,8 +115,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def layout_dict(x) -> dict:
-    return {"tp": x.tp, "pp": x.pp, "dp": x.dp, "bubble_ratio": x.bubble_ratio, "valid": x.valid,
-            "reason": x.reason, "per_gpu_gib": x.per_gpu.to_dict() if x.per_gpu else None}
+    return {
+        "tp": x.tp,
+        "pp": x.pp,
+        "dp": x.dp,
+        "bubble_ratio": x.bubble_ratio,
+        "valid": x.valid,
+        "reason": x.reason,
+        "per_gpu_gib": x.per_gpu.to_dict() if x.per_gpu else None,
+    }
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -108,25 +133,35 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lmstack", description="One YAML file drives the whole LLM training stack.",
-        epilog="Run `lmstack <command> --help` for a command's options.")
+        prog="lmstack",
+        description="One YAML file drives the whole LLM training stack.",
+        epilog="Run `lmstack <command> --help` for a command's options.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
 
-    p = sub.add_parser("train", help="train with a YAML config (stages sft, ...)",
-                       description="Train a model from a YAML config; key=value pairs override YAML fields.",
-                       epilog=fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "train",
+        help="train with a YAML config (stages sft, ...)",
+        description="Train a model from a YAML config; key=value pairs override YAML fields.",
+        epilog=fields_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("config", help="YAML config file")
     p.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value overrides")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("tiny-model", help="build the offline tiny model + tokenizer used by the quickstart and tests")
+    p = sub.add_parser(
+        "tiny-model", help="build the offline tiny model + tokenizer used by the quickstart and tests"
+    )
     p.add_argument("dir", help="output directory")
     p.add_argument("--data-dir", default="data", help="demo data the tokenizer is trained on (default: data)")
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"], help="architecture")
     p.set_defaults(func=cmd_tiny_model)
 
-    p = sub.add_parser("plan", help="predict per-GPU memory, pick the strategy that fits (Megatron layouts too)")
+    p = sub.add_parser(
+        "plan", help="predict per-GPU memory, pick the strategy that fits (Megatron layouts too)"
+    )
     p.add_argument("config", help="training YAML (only config.json of the model is read)")
     p.add_argument("overrides", nargs="*", help="key=value overrides")
     p.add_argument("--gpus", type=int, help="GPUs per node (default: the visible ones, else 1)")
@@ -143,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)
+    for name in EXTRA_COMMANDS:
+        module = importlib.import_module(f"lmstack.cli.{name}")
+        module.register(sub)
     return parser
 
 

@@ -18,11 +18,37 @@ logger = logging.getLogger(__name__)
 # LLaMA-Factory fields lmstack knows by name but does not implement: a clear error instead of
 # "unknown key" (DESIGN rule 6: unsupported -> error).
 NOT_SUPPORTED = {
-    "use_galore", "use_apollo", "use_badam", "use_muon", "use_adam_mini", "use_llama_pro", "pissa_init",
-    "loraplus_lr_ratio", "quantization_method", "use_kt", "use_mca", "mixture_of_depths", "shift_attn",
-    "rope_scaling", "infer_backend", "vllm_maxlen", "streaming", "mix_strategy", "interleave_probs",
-    "tokenized_path", "use_swanlab", "ray_num_workers", "fp8", "enable_torch_profiler", "oft_rank",
-    "predict_with_generate", "do_predict", "pref_beta", "pref_loss", "reward_model", "ref_model",
+    "use_galore",
+    "use_apollo",
+    "use_badam",
+    "use_muon",
+    "use_adam_mini",
+    "use_llama_pro",
+    "pissa_init",
+    "loraplus_lr_ratio",
+    "quantization_method",
+    "use_kt",
+    "use_mca",
+    "mixture_of_depths",
+    "shift_attn",
+    "rope_scaling",
+    "infer_backend",
+    "vllm_maxlen",
+    "streaming",
+    "mix_strategy",
+    "interleave_probs",
+    "tokenized_path",
+    "use_swanlab",
+    "ray_num_workers",
+    "fp8",
+    "enable_torch_profiler",
+    "oft_rank",
+    "predict_with_generate",
+    "do_predict",
+    "pref_beta",
+    "pref_loss",
+    "reward_model",
+    "ref_model",
 }
 
 
@@ -65,7 +91,9 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of field: value, got {type(data).__name__}")
     if loader.duplicates:
-        logger.warning("%s: repeated keys with the same value (kept once): %s", path, ", ".join(loader.duplicates))
+        logger.warning(
+            "%s: repeated keys with the same value (kept once): %s", path, ", ".join(loader.duplicates)
+        )
     return data
 
 
@@ -130,7 +158,9 @@ def build_config(flat: dict[str, Any]) -> Config:
         elif key in NOT_SUPPORTED:
             problems.append(f"{key}: a LLaMA-Factory field lmstack does not support yet; remove it")
         else:
-            problems.append(f"{key}: unknown field{did_you_mean(key, owners)}; `lmstack train --help` lists them")
+            problems.append(
+                f"{key}: unknown field{did_you_mean(key, owners)}; `lmstack train --help` lists them"
+            )
     if problems:
         raise ConfigError("\n".join(problems))
     sections = {}

@@ -15,12 +15,15 @@ class Section(BaseModel):
 class ModelArgs(Section):
     model_name_or_path: str = Field(description="Local directory or hub id of the base model (required).")
     adapter_name_or_path: str | None = Field(
-        None, description="Comma-separated adapter dirs; training merges all but the last and resumes the last."
+        None,
+        description="Comma-separated adapter dirs; training merges all but the last and resumes the last.",
     )
     cache_dir: str | None = Field(None, description="Where hub downloads are cached.")
     model_revision: str = Field("main", description="Hub revision (branch, tag or commit).")
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the model dir/hub.")
-    hf_hub_token: SecretStr | None = Field(None, description="Hub token (redacted in logs and saved configs).")
+    hf_hub_token: SecretStr | None = Field(
+        None, description="Hub token (redacted in logs and saved configs)."
+    )
     use_fast_tokenizer: bool = Field(True, description="Use the fast (tokenizers) tokenizer.")
     split_special_tokens: bool = Field(False, description="Tokenize special-token strings as plain text.")
     resize_vocab: bool = Field(False, description="Resize embeddings to the tokenizer's length.")
@@ -35,18 +38,26 @@ class ModelArgs(Section):
     use_reentrant_gc: bool = Field(True, description="Use reentrant activation checkpointing.")
     upcast_layernorm: bool = Field(False, description="Keep norm weights in fp32.")
     low_cpu_mem_usage: bool = Field(True, description="Load weights without a full CPU copy.")
-    train_from_scratch: bool = Field(False, description="Random-init the architecture instead of loading weights.")
-    quantization_bit: Literal[4, 8] | None = Field(None, description="Quantize the base model to 4 or 8 bits (QLoRA).")
+    train_from_scratch: bool = Field(
+        False, description="Random-init the architecture instead of loading weights."
+    )
+    quantization_bit: Literal[4, 8] | None = Field(
+        None, description="Quantize the base model to 4 or 8 bits (QLoRA)."
+    )
     quantization_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type.")
     double_quantization: bool = Field(True, description="Quantize the quantization constants too.")
     infer_dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
         "auto", description="Weights dtype for chat/api/export."
     )
-    print_param_status: bool = Field(False, description="Log every parameter's dtype, device and trainability.")
+    print_param_status: bool = Field(
+        False, description="Log every parameter's dtype, device and trainability."
+    )
 
 
 class DataArgs(Section):
-    template: str | None = Field(None, description="Chat template name; unset = the tokenizer's own chat template.")
+    template: str | None = Field(
+        None, description="Chat template name; unset = the tokenizer's own chat template."
+    )
     dataset: str | None = Field(None, description="Comma-separated dataset names from dataset_info.json.")
     eval_dataset: str | None = Field(None, description="Comma-separated evaluation dataset names.")
     dataset_dir: str = Field("data", description="Folder holding dataset_info.json and the data files.")
@@ -58,11 +69,14 @@ class DataArgs(Section):
     overwrite_cache: bool = Field(False, description="Rebuild the tokenized cache even if it is valid.")
     preprocessing_num_workers: int | None = Field(None, ge=1, description="Processes used for tokenization.")
     preprocessing_batch_size: int = Field(1000, gt=0, description="Records per tokenization batch.")
-    packing: bool | None = Field(None, description="Pack samples into cutoff_len rows (no cross-sample attention).")
+    packing: bool | None = Field(
+        None, description="Pack samples into cutoff_len rows (no cross-sample attention)."
+    )
     neat_packing: bool = Field(False, description="Same as packing (lmstack packing never contaminates).")
     default_system: str | None = Field(None, description="Override the template's default system prompt.")
     enable_thinking: bool | None = Field(
-        True, description="Reasoning templates: empty <think> added to the answer (true) / prompt (false) / never (null)."
+        True,
+        description="Reasoning templates: empty <think> added to the answer (true) / prompt (false) / never (null).",
     )
     preserve_thinking: bool = Field(False, description="Reasoning templates: keep the CoT of history turns.")
     ignore_pad_token_for_loss: bool = Field(True, description="Padding positions never count in the loss.")
@@ -74,11 +88,15 @@ class FinetuningArgs(Section):
     lora_rank: int = Field(8, gt=0, description="LoRA rank r.")
     lora_alpha: int | None = Field(None, gt=0, description="LoRA alpha (default 2 x lora_rank).")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
-    lora_target: str = Field("all", description="'all' (every linear layer but the head) or comma-separated names.")
+    lora_target: str = Field(
+        "all", description="'all' (every linear layer but the head) or comma-separated names."
+    )
     additional_target: str | None = Field(None, description="Extra modules trained fully (modules_to_save).")
     use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling alpha/sqrt(r).")
     use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA).")
-    freeze_trainable_layers: int = Field(2, description="Freeze: train the last N layers (negative: first N).")
+    freeze_trainable_layers: int = Field(
+        2, description="Freeze: train the last N layers (negative: first N)."
+    )
     freeze_trainable_modules: str = Field("all", description="Freeze: modules trained inside those layers.")
     freeze_extra_modules: str | None = Field(None, description="Freeze: extra non-layer modules to train.")
     pure_bf16: bool = Field(False, description="Train in bf16 without fp32 master weights.")
@@ -90,7 +108,9 @@ class FinetuningArgs(Section):
 
 class TrainingArgs(Section):
     output_dir: str = Field(description="Where checkpoints, adapters, logs and plots are written (required).")
-    overwrite_output_dir: bool = Field(False, description="Reuse a non-empty output_dir, replacing old outputs.")
+    overwrite_output_dir: bool = Field(
+        False, description="Reuse a non-empty output_dir, replacing old outputs."
+    )
     do_train: bool = Field(True, description="Run training.")
     do_eval: bool = Field(False, description="Run evaluation on the validation split.")
     per_device_train_batch_size: int = Field(1, gt=0, description="Micro-batch size per device.")
@@ -106,8 +126,16 @@ class TrainingArgs(Section):
     num_train_epochs: float = Field(3.0, gt=0, description="Epochs (ignored when max_steps > 0).")
     max_steps: int = Field(-1, description="Total optimizer steps; overrides num_train_epochs when > 0.")
     lr_scheduler_type: Literal[
-        "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-        "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "warmup_stable_decay",
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+        "reduce_lr_on_plateau",
+        "cosine_with_min_lr",
+        "warmup_stable_decay",
     ] = Field("linear", description="Learning-rate schedule.")
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Warm-up as a fraction of the total steps.")
     warmup_steps: int = Field(0, ge=0, description="Warm-up steps (wins over warmup_ratio when > 0).")
@@ -118,19 +146,27 @@ class TrainingArgs(Section):
     )
     seed: int = Field(42, description="Random seed for init, data order and dropout.")
     logging_steps: int = Field(10, gt=0, description="Log every N optimizer steps.")
-    save_strategy: Literal["steps", "epoch", "no"] = Field("steps", description="When checkpoints are written.")
-    save_steps: int = Field(500, gt=0, description="Checkpoint every N steps (the last step is always saved).")
+    save_strategy: Literal["steps", "epoch", "no"] = Field(
+        "steps", description="When checkpoints are written."
+    )
+    save_steps: int = Field(
+        500, gt=0, description="Checkpoint every N steps (the last step is always saved)."
+    )
     save_total_limit: int | None = Field(None, gt=0, description="Keep at most N checkpoints.")
     save_only_model: bool = Field(False, description="Checkpoints without optimizer/scheduler state.")
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, gt=0, description="Evaluate every N steps.")
     report_to: Literal["none", "tensorboard"] = Field("none", description="Experiment tracker.")
     logging_dir: str | None = Field(None, description="TensorBoard log dir (default output_dir/runs).")
-    resume_from_checkpoint: str | None = Field(None, description="A checkpoint dir, or 'auto' for the newest one.")
+    resume_from_checkpoint: str | None = Field(
+        None, description="A checkpoint dir, or 'auto' for the newest one."
+    )
     dataloader_num_workers: int = Field(0, ge=0, description="Data-loader worker processes.")
     ddp_timeout: int = Field(1800, gt=0, description="Seconds a rank waits for the others.")
     deepspeed: str | None = Field(None, description="Path to a DeepSpeed JSON config.")
-    max_tokens_per_batch: int | None = Field(None, gt=0, description="Token budget per micro-batch (packing).")
+    max_tokens_per_batch: int | None = Field(
+        None, gt=0, description="Token budget per micro-batch (packing)."
+    )
     torch_compile: bool = Field(False, description="Compile the model with torch.compile.")
     disable_tqdm: bool = Field(False, description="No progress bar.")
     use_cpu: bool = Field(False, description="Train on the CPU even if a GPU is visible.")

@@ -50,9 +50,13 @@ def _data_digest(attr: DatasetAttr) -> dict:
 
 def _tokenizer_digest(tokenizer: Any) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    parts = [backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items())),
-             repr(tokenizer.all_special_tokens), str(tokenizer.eos_token), str(tokenizer.pad_token),
-             str(getattr(tokenizer, "chat_template", ""))]
+    parts = [
+        backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items())),
+        repr(tokenizer.all_special_tokens),
+        str(tokenizer.eos_token),
+        str(tokenizer.pad_token),
+        str(getattr(tokenizer, "chat_template", "")),
+    ]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
@@ -84,12 +88,18 @@ def _changed_inputs(name: str, parts: dict) -> list[str]:
     """Compare with the newest earlier entry of the same dataset: which inputs changed."""
     root = cache_root()
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    previous = sorted(root.glob(f"{safe}-*/key.json"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
+    previous = (
+        sorted(root.glob(f"{safe}-*/key.json"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
+    )
     if not previous:
         return []
     old = json.loads(previous[-1].read_text())
-    return [k for k in parts if json.dumps(old.get(k), sort_keys=True, default=str) !=
-            json.dumps(parts[k], sort_keys=True, default=str)]
+    return [
+        k
+        for k in parts
+        if json.dumps(old.get(k), sort_keys=True, default=str)
+        != json.dumps(parts[k], sort_keys=True, default=str)
+    ]
 
 
 def load(key: dict, name: str) -> tuple[list[dict], dict] | None:
@@ -99,9 +109,11 @@ def load(key: dict, name: str) -> tuple[list[dict], dict] | None:
         why = f"changed: {', '.join(changed)}" if changed else "no earlier entry"
         logger.info("dataset %s: tokenizing (cache miss, %s)", name, why)
         return None
-    ds = TokenizedDataset(np.load(path / "input_ids.npy", allow_pickle=False),
-                          np.load(path / "labels.npy", allow_pickle=False),
-                          np.load(path / "offsets.npy", allow_pickle=False))
+    ds = TokenizedDataset(
+        np.load(path / "input_ids.npy", allow_pickle=False),
+        np.load(path / "labels.npy", allow_pickle=False),
+        np.load(path / "offsets.npy", allow_pickle=False),
+    )
     stats = json.loads((path / "stats.json").read_text())
     logger.info("dataset %s: reusing tokenized cache %s", name, path)
     return ds.to_samples(), stats

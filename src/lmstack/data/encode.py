@@ -45,8 +45,11 @@ def _encode_kwargs(template: Any, example: dict, opts: EncodeOptions) -> dict:
     system = example.get("system")
     if system is None:
         system = opts.default_system
-    kwargs: dict = {"system": system, "enable_thinking": opts.enable_thinking,
-                    "preserve_thinking": opts.preserve_thinking}
+    kwargs: dict = {
+        "system": system,
+        "enable_thinking": opts.enable_thinking,
+        "preserve_thinking": opts.preserve_thinking,
+    }
     if example.get("tools"):
         kwargs["tools"] = example["tools"]
     return kwargs

@@ -62,9 +62,13 @@ def convert_alpaca(record: dict, attr: DatasetAttr) -> dict:
     history = record.get(history_col) if history_col else None
     if history:
         if not isinstance(history, list):
-            raise RecordError(history_col, f"must be a list of [question, answer] pairs, got {type(history).__name__}")
+            raise RecordError(
+                history_col, f"must be a list of [question, answer] pairs, got {type(history).__name__}"
+            )
         for i, pair in enumerate(history):
-            if not (isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair)):
+            if not (
+                isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair)
+            ):
                 raise RecordError(f"{history_col}[{i}]", "must be a [question, answer] pair of strings")
             prompt += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
     prompt.append({"role": "user", "content": prompt_text})
@@ -74,17 +78,30 @@ def convert_alpaca(record: dict, attr: DatasetAttr) -> dict:
             {"role": "assistant", "content": _text(record, attr.column("rejected") or "rejected")},
         ]
     else:
-        out = _text(record, attr.column("response"), required=attr.columns.get("response") is not None
-                    or attr.column("response") in record)
+        out = _text(
+            record,
+            attr.column("response"),
+            required=attr.columns.get("response") is not None or attr.column("response") in record,
+        )
         response = [] if out is None else [{"role": "assistant", "content": out}]
-    return {"prompt": prompt, "response": response, "system": _text(record, attr.column("system"), required=False),
-            "tools": _tools(record, attr.column("tools")), "kto_tag": _kto_tag(record, attr.column("kto_tag"))}
+    return {
+        "prompt": prompt,
+        "response": response,
+        "system": _text(record, attr.column("system"), required=False),
+        "tools": _tools(record, attr.column("tools")),
+        "kto_tag": _kto_tag(record, attr.column("kto_tag")),
+    }
 
 
 def _role_map(attr: DatasetAttr) -> dict[str, str]:
     t = attr.tags
-    return {t["user_tag"]: "user", t["assistant_tag"]: "assistant", t["observation_tag"]: "observation",
-            t["function_tag"]: "function", t["system_tag"]: "system"}
+    return {
+        t["user_tag"]: "user",
+        t["assistant_tag"]: "assistant",
+        t["observation_tag"]: "observation",
+        t["function_tag"]: "function",
+        t["system_tag"]: "system",
+    }
 
 
 def _sharegpt_message(msg: Any, where: str, attr: DatasetAttr, roles: dict[str, str]) -> dict:
@@ -97,8 +114,10 @@ def _sharegpt_message(msg: Any, where: str, attr: DatasetAttr, roles: dict[str, 
         raise RecordError(f"{where}.{role_tag}", f"unknown role {msg[role_tag]!r}; known: {', '.join(roles)}")
     content = msg.get(content_tag)
     if not isinstance(content, str):
-        raise RecordError(f"{where}.{content_tag}", "missing field" if content is None else
-                          f"must be a string, got {type(content).__name__}")
+        raise RecordError(
+            f"{where}.{content_tag}",
+            "missing field" if content is None else f"must be a string, got {type(content).__name__}",
+        )
     return {"role": roles[msg[role_tag]], "content": content}
 
 
@@ -106,8 +125,11 @@ def check_alternation(messages: list[dict], col: str) -> None:
     for i, m in enumerate(messages):
         expected = ("user", "observation") if i % 2 == 0 else ("assistant", "function")
         if m["role"] not in expected:
-            raise RecordError(f"{col}[{i}]", f"wrong role order: got {m['role']!r} where {' or '.join(expected)} "
-                                             "is expected (turns must alternate user/assistant)")
+            raise RecordError(
+                f"{col}[{i}]",
+                f"wrong role order: got {m['role']!r} where {' or '.join(expected)} "
+                "is expected (turns must alternate user/assistant)",
+            )
 
 
 def _split_conversation(messages: list[dict], col: str, attr: DatasetAttr, record: dict) -> tuple[list, list]:
@@ -116,11 +138,14 @@ def _split_conversation(messages: list[dict], col: str, attr: DatasetAttr, recor
             raise RecordError(col, "ranking conversations must end with a user turn (odd number of turns)")
         roles = _role_map(attr)
         chosen = _sharegpt_message(record.get(attr.column("chosen") or "chosen"), "chosen", attr, roles)
-        rejected = _sharegpt_message(record.get(attr.column("rejected") or "rejected"), "rejected", attr, roles)
+        rejected = _sharegpt_message(
+            record.get(attr.column("rejected") or "rejected"), "rejected", attr, roles
+        )
         return messages, [chosen, rejected]
     if len(messages) % 2 != 0:
-        raise RecordError(col, f"odd number of turns ({len(messages)}); a conversation must end with an "
-                               "assistant turn")
+        raise RecordError(
+            col, f"odd number of turns ({len(messages)}); a conversation must end with an assistant turn"
+        )
     return messages[:-1], messages[-1:]
 
 
@@ -140,8 +165,13 @@ def convert_sharegpt(record: dict, attr: DatasetAttr) -> dict:
         raise RecordError(col, "has only a system message")
     check_alternation(messages, col)
     prompt, response = _split_conversation(messages, col, attr, record)
-    return {"prompt": prompt, "response": response, "system": system, "tools": _tools(record, attr.column("tools")),
-            "kto_tag": _kto_tag(record, attr.column("kto_tag"))}
+    return {
+        "prompt": prompt,
+        "response": response,
+        "system": system,
+        "tools": _tools(record, attr.column("tools")),
+        "kto_tag": _kto_tag(record, attr.column("kto_tag")),
+    }
 
 
 def _openai_messages(raw: list, col: str) -> tuple[list[dict], str | None]:
@@ -157,8 +187,12 @@ def _openai_messages(raw: list, col: str) -> tuple[list[dict], str | None]:
             out.append({"role": "user", "content": _content(msg, where)})
         elif role == "assistant" and msg.get("tool_calls"):
             calls = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(msg["tool_calls"])]
-            out.append({"role": "function", "content": json.dumps(calls[0] if len(calls) == 1 else calls,
-                                                                  ensure_ascii=False)})
+            out.append(
+                {
+                    "role": "function",
+                    "content": json.dumps(calls[0] if len(calls) == 1 else calls, ensure_ascii=False),
+                }
+            )
         elif role == "assistant":
             out.append({"role": "assistant", "content": _content(msg, where)})
         elif role == "tool":
@@ -167,7 +201,9 @@ def _openai_messages(raw: list, col: str) -> tuple[list[dict], str | None]:
             else:
                 out.append({"role": "observation", "content": _content(msg, where)})
         else:
-            raise RecordError(f"{where}.role", f"unknown role {role!r}; known: system (first), user, assistant, tool")
+            raise RecordError(
+                f"{where}.role", f"unknown role {role!r}; known: system (first), user, assistant, tool"
+            )
     return out, system
 
 
@@ -199,8 +235,13 @@ def convert_openai(record: dict, attr: DatasetAttr) -> dict:
     messages, system = _openai_messages(raw, col)
     check_alternation(messages, col)
     prompt, response = _split_conversation(messages, col, attr, record)
-    return {"prompt": prompt, "response": response, "system": system, "tools": _tools(record, attr.column("tools")),
-            "kto_tag": _kto_tag(record, attr.column("kto_tag"))}
+    return {
+        "prompt": prompt,
+        "response": response,
+        "system": system,
+        "tools": _tools(record, attr.column("tools")),
+        "kto_tag": _kto_tag(record, attr.column("kto_tag")),
+    }
 
 
 CONVERTERS = {"alpaca": convert_alpaca, "sharegpt": convert_sharegpt, "openai": convert_openai}

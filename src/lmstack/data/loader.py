@@ -31,8 +31,10 @@ def _files(source: str) -> list[Path]:
     if not files:
         raise DataError(f"{source}: folder is empty")
     if None in types or len(types) > 1:
-        raise DataError(f"{source}: all files in a dataset folder must share one type "
-                        f"({', '.join(sorted(FILE_TYPES))}); found {', '.join(sorted(p.name for p in files))}")
+        raise DataError(
+            f"{source}: all files in a dataset folder must share one type "
+            f"({', '.join(sorted(FILE_TYPES))}); found {', '.join(sorted(p.name for p in files))}"
+        )
     return files
 
 
@@ -43,7 +45,9 @@ def _read_json(path: Path) -> list[RawRecord]:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             if text.lstrip().startswith("["):
-                raise DataError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}") from None
+                raise DataError(
+                    f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}"
+                ) from None
             return _read_jsonl_text(path, text)  # a .json file holding JSON lines
         if isinstance(data, dict):
             data = [data]
@@ -66,8 +70,11 @@ def _read_jsonl_text(path: Path, text: str) -> list[RawRecord]:
 
 
 def _read_text(path: Path) -> list[RawRecord]:
-    return [RawRecord(str(path), f"line {i}", {"text": line})
-            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1) if line.strip()]
+    return [
+        RawRecord(str(path), f"line {i}", {"text": line})
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        if line.strip()
+    ]
 
 
 def _read_table(path: Path, kind: str) -> list[RawRecord]:
@@ -84,7 +91,9 @@ def read_records(attr: DatasetAttr) -> list[RawRecord]:
     for path in _files(attr.source):
         kind = FILE_TYPES.get(path.suffix)
         if kind is None:
-            raise DataError(f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(FILE_TYPES)}")
+            raise DataError(
+                f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(FILE_TYPES)}"
+            )
         if kind == "json":
             records += _read_json(path)
         elif kind == "text":

@@ -10,17 +10,63 @@ from typing import Any
 from lmstack.config.errors import DataError, did_you_mean
 
 FORMATS = ("alpaca", "sharegpt", "openai")
-FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow",
-              ".txt": "text"}
-COLUMN_DEFAULTS = {"prompt": "instruction", "query": "input", "response": "output", "history": None,
-                   "messages": "conversations", "system": None, "tools": None, "images": None, "videos": None,
-                   "audios": None, "chosen": None, "rejected": None, "kto_tag": None}
-TAG_DEFAULTS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
-                "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}
-OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
-               "observation_tag": "tool", "function_tag": "function_call", "system_tag": "system"}
-ENTRY_KEYS = {"file_name", "hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name",
-              "formatting", "ranking", "subset", "split", "folder", "num_samples", "columns", "tags"}
+FILE_TYPES = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".txt": "text",
+}
+COLUMN_DEFAULTS = {
+    "prompt": "instruction",
+    "query": "input",
+    "response": "output",
+    "history": None,
+    "messages": "conversations",
+    "system": None,
+    "tools": None,
+    "images": None,
+    "videos": None,
+    "audios": None,
+    "chosen": None,
+    "rejected": None,
+    "kto_tag": None,
+}
+TAG_DEFAULTS = {
+    "role_tag": "from",
+    "content_tag": "value",
+    "user_tag": "human",
+    "assistant_tag": "gpt",
+    "observation_tag": "observation",
+    "function_tag": "function_call",
+    "system_tag": "system",
+}
+OPENAI_TAGS = {
+    "role_tag": "role",
+    "content_tag": "content",
+    "user_tag": "user",
+    "assistant_tag": "assistant",
+    "observation_tag": "tool",
+    "function_tag": "function_call",
+    "system_tag": "system",
+}
+ENTRY_KEYS = {
+    "file_name",
+    "hf_hub_url",
+    "ms_hub_url",
+    "om_hub_url",
+    "script_url",
+    "cloud_file_name",
+    "formatting",
+    "ranking",
+    "subset",
+    "split",
+    "folder",
+    "num_samples",
+    "columns",
+    "tags",
+}
 
 
 @dataclass
@@ -51,7 +97,9 @@ def read_registry(dataset_dir: str | Path) -> tuple[Path, dict[str, Any]]:
     try:
         table = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise DataError(f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}") from None
+        raise DataError(
+            f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}"
+        ) from None
     if not isinstance(table, dict):
         raise DataError(f"{path}: expected an object keyed by dataset name")
     return path, table
@@ -80,9 +128,17 @@ def _parse_entry(name: str, entry: dict, registry: Path) -> DatasetAttr:
     tags = dict(OPENAI_TAGS if formatting == "openai" else TAG_DEFAULTS)
     tags.update(entry.get("tags") or {})
     return DatasetAttr(
-        name=name, load_from=load_from, source=source, formatting=formatting,
-        ranking=bool(entry.get("ranking", False)), subset=entry.get("subset"), split=entry.get("split", "train"),
-        folder=entry.get("folder"), num_samples=entry.get("num_samples"), columns=columns, tags=tags,
+        name=name,
+        load_from=load_from,
+        source=source,
+        formatting=formatting,
+        ranking=bool(entry.get("ranking", False)),
+        subset=entry.get("subset"),
+        split=entry.get("split", "train"),
+        folder=entry.get("folder"),
+        num_samples=entry.get("num_samples"),
+        columns=columns,
+        tags=tags,
     )
 
 
@@ -93,13 +149,17 @@ def _safe_path(file_name: str, root: Path, where: str) -> str:
         raise DataError(f"{where}: file_name {file_name!r} points outside dataset_dir; use a path inside it")
     full = (root / candidate).resolve()
     if not full.is_relative_to(root.resolve()):
-        raise DataError(f"{where}: file_name {file_name!r} resolves outside dataset_dir (a link?); refusing it")
+        raise DataError(
+            f"{where}: file_name {file_name!r} resolves outside dataset_dir (a link?); refusing it"
+        )
     if not full.exists():
         raise DataError(f"{where}: file_name {file_name!r}: no such file in {root}")
     return str(full)
 
 
-def get_dataset_attrs(names: str | None, dataset_dir: str | Path, field_name: str = "dataset") -> list[DatasetAttr]:
+def get_dataset_attrs(
+    names: str | None, dataset_dir: str | Path, field_name: str = "dataset"
+) -> list[DatasetAttr]:
     if not names:
         return []
     registry, table = read_registry(dataset_dir)

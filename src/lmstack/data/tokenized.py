@@ -18,8 +18,12 @@ class TokenizedDataset:
         lengths = np.array([len(s["input_ids"]) for s in samples], dtype=np.int64)
         offsets = np.zeros(len(samples) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        ids = np.fromiter((t for s in samples for t in s["input_ids"]), dtype=np.int32, count=int(offsets[-1]))
-        labels = np.fromiter((t for s in samples for t in s["labels"]), dtype=np.int32, count=int(offsets[-1]))
+        ids = np.fromiter(
+            (t for s in samples for t in s["input_ids"]), dtype=np.int32, count=int(offsets[-1])
+        )
+        labels = np.fromiter(
+            (t for s in samples for t in s["labels"]), dtype=np.int32, count=int(offsets[-1])
+        )
         return cls(ids, labels, offsets)
 
     def __len__(self) -> int:

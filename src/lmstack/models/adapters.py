@@ -40,8 +40,12 @@ def count_parameters(model: Any) -> tuple[int, int]:
 
 def log_trainable(model: Any) -> None:
     trainable, total = count_parameters(model)
-    logger.info("trainable params: %s || all params: %s || trainable%%: %.4f", f"{trainable:,}", f"{total:,}",
-                100 * trainable / max(total, 1))
+    logger.info(
+        "trainable params: %s || all params: %s || trainable%%: %.4f",
+        f"{trainable:,}",
+        f"{total:,}",
+        100 * trainable / max(total, 1),
+    )
 
 
 def _lora_targets(cfg: Config, model: Any) -> list[str]:
@@ -53,8 +57,10 @@ def _lora_targets(cfg: Config, model: Any) -> list[str]:
     leaves = {name.split(".")[-1] for name, _ in model.named_modules()}
     missing = [t for t in targets if t not in leaves]
     if missing:
-        raise ConfigError(f"lora_target: {', '.join(missing)} not found in the model; linear layers are: "
-                          f"{', '.join(find_all_linear_modules(model))} (or use `all`)")
+        raise ConfigError(
+            f"lora_target: {', '.join(missing)} not found in the model; linear layers are: "
+            f"{', '.join(find_all_linear_modules(model))} (or use `all`)"
+        )
     return targets
 
 
@@ -71,10 +77,16 @@ def apply_lora(cfg: Config, model: Any, is_trainable: bool = True) -> Any:
         return model
     ft = cfg.finetuning
     config = LoraConfig(
-        task_type="CAUSAL_LM", r=ft.lora_rank, lora_alpha=ft.lora_alpha or 2 * ft.lora_rank,
-        lora_dropout=ft.lora_dropout, target_modules=_lora_targets(cfg, model), use_rslora=ft.use_rslora,
+        task_type="CAUSAL_LM",
+        r=ft.lora_rank,
+        lora_alpha=ft.lora_alpha or 2 * ft.lora_rank,
+        lora_dropout=ft.lora_dropout,
+        target_modules=_lora_targets(cfg, model),
+        use_rslora=ft.use_rslora,
         use_dora=ft.use_dora,
-        modules_to_save=[m.strip() for m in ft.additional_target.split(",")] if ft.additional_target else None,
+        modules_to_save=[m.strip() for m in ft.additional_target.split(",")]
+        if ft.additional_target
+        else None,
     )
     return get_peft_model(model, config)
 
@@ -84,18 +96,24 @@ def apply_freeze(cfg: Config, model: Any) -> Any:
     n_layers = model.config.num_hidden_layers
     k = ft.freeze_trainable_layers
     if k == 0 or abs(k) > n_layers:
-        raise ConfigError(f"freeze_trainable_layers: got {k}; use 1..{n_layers} (last N layers) or "
-                          f"-{n_layers}..-1 (first N layers)")
+        raise ConfigError(
+            f"freeze_trainable_layers: got {k}; use 1..{n_layers} (last N layers) or "
+            f"-{n_layers}..-1 (first N layers)"
+        )
     layer_ids = set(range(n_layers - k, n_layers)) if k > 0 else set(range(-k))
-    modules = None if ft.freeze_trainable_modules.strip() == "all" else {
-        m.strip() for m in ft.freeze_trainable_modules.split(",")}
+    modules = (
+        None
+        if ft.freeze_trainable_modules.strip() == "all"
+        else {m.strip() for m in ft.freeze_trainable_modules.split(",")}
+    )
     extra = {m.strip() for m in (ft.freeze_extra_modules or "").split(",") if m.strip()}
     for name, param in model.named_parameters():
         match = LAYER_RE.search(name)
         in_layer = match is not None and int(match.group(1)) in layer_ids
         module_ok = modules is None or any(f".{m}." in name for m in modules)
-        param.requires_grad = (in_layer and module_ok) or any(name.startswith(e + ".") or f".{e}." in name
-                                                                for e in extra)
+        param.requires_grad = (in_layer and module_ok) or any(
+            name.startswith(e + ".") or f".{e}." in name for e in extra
+        )
     logger.info("Fine-tuning method: Freeze (trainable layers: %s)", ",".join(map(str, sorted(layer_ids))))
     return model
 

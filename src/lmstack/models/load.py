@@ -13,8 +13,13 @@ from lmstack.config.schema import Config
 
 logger = logging.getLogger(__name__)
 
-ATTN_IMPL = {"disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_3",
-             "flex": "flex_attention"}
+ATTN_IMPL = {
+    "disabled": "eager",
+    "sdpa": "sdpa",
+    "fa2": "flash_attention_2",
+    "fa3": "flash_attention_3",
+    "flex": "flex_attention",
+}
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -32,35 +37,49 @@ def check_model_path(cfg: Config) -> None:
         check_remote_code(path, cfg.model.trust_remote_code)
         return
     if not _looks_like_hub_id(name):
-        raise ConfigError(f"model_name_or_path: directory not found: {name}; give an existing model directory "
-                          "or a hub id like Qwen/Qwen2.5-0.5B-Instruct")
+        raise ConfigError(
+            f"model_name_or_path: directory not found: {name}; give an existing model directory "
+            "or a hub id like Qwen/Qwen2.5-0.5B-Instruct"
+        )
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         from huggingface_hub import try_to_load_from_cache
 
         if not isinstance(try_to_load_from_cache(name, "config.json", cache_dir=cfg.model.cache_dir), str):
-            raise ConfigError(f"model_name_or_path: {name} is not in the local hub cache and HF_HUB_OFFLINE=1; "
-                              "download it first or give a local directory")
+            raise ConfigError(
+                f"model_name_or_path: {name} is not in the local hub cache and HF_HUB_OFFLINE=1; "
+                "download it first or give a local directory"
+            )
 
 
 def check_remote_code(path: Path, trust_remote_code: bool) -> None:
     config = json.loads((path / "config.json").read_text())
     if config.get("auto_map") and not trust_remote_code:
-        raise ConfigError(f"model_name_or_path: {path} ships its own modelling code (auto_map in config.json); "
-                          "lmstack runs it only with `trust_remote_code: true` — set it if you trust the source")
+        raise ConfigError(
+            f"model_name_or_path: {path} ships its own modelling code (auto_map in config.json); "
+            "lmstack runs it only with `trust_remote_code: true` — set it if you trust the source"
+        )
 
 
 def _hub_kwargs(cfg: Config) -> dict:
     token = cfg.model.hf_hub_token.get_secret_value() if cfg.model.hf_hub_token else None
-    return {"cache_dir": cfg.model.cache_dir, "revision": cfg.model.model_revision,
-            "trust_remote_code": cfg.model.trust_remote_code, "token": token}
+    return {
+        "cache_dir": cfg.model.cache_dir,
+        "revision": cfg.model.model_revision,
+        "trust_remote_code": cfg.model.trust_remote_code,
+        "token": token,
+    }
 
 
 def load_tokenizer(cfg: Config) -> Any:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(
-        cfg.model.model_name_or_path, use_fast=cfg.model.use_fast_tokenizer,
-        split_special_tokens=cfg.model.split_special_tokens, padding_side="right", **_hub_kwargs(cfg))
+        cfg.model.model_name_or_path,
+        use_fast=cfg.model.use_fast_tokenizer,
+        split_special_tokens=cfg.model.split_special_tokens,
+        padding_side="right",
+        **_hub_kwargs(cfg),
+    )
     return tokenizer
 
 
@@ -74,8 +93,10 @@ def attention_implementation(cfg: Config, device_type: str) -> str | None:
 
         package = "flash_attn" if choice == "fa2" else "flash_attn_interface"
         if device_type != "cuda" or importlib.util.find_spec(package) is None:
-            raise ConfigError(f"flash_attn: {choice} needs a CUDA GPU and the `{package}` package "
-                              f"(pip install flash-attn); use flash_attn: sdpa or auto instead")
+            raise ConfigError(
+                f"flash_attn: {choice} needs a CUDA GPU and the `{package}` package "
+                f"(pip install flash-attn); use flash_attn: sdpa or auto instead"
+            )
     return ATTN_IMPL[choice]
 
 
@@ -96,7 +117,9 @@ def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = compute_dtype(cfg)
-    keep_half = cfg.finetuning.pure_bf16 or (cfg.finetuning.finetuning_type == "lora" and device_type == "cuda")
+    keep_half = cfg.finetuning.pure_bf16 or (
+        cfg.finetuning.finetuning_type == "lora" and device_type == "cuda"
+    )
     load_dtype = dtype if keep_half else torch.float32
     attn = attention_implementation(cfg, device_type)
     config = AutoConfig.from_pretrained(cfg.model.model_name_or_path, **_hub_kwargs(cfg))
@@ -105,14 +128,25 @@ def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
         model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation=attn)
     else:
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.model_name_or_path, config=config, dtype=load_dtype, attn_implementation=attn,
-            low_cpu_mem_usage=cfg.model.low_cpu_mem_usage, **_hub_kwargs(cfg))
+            cfg.model.model_name_or_path,
+            config=config,
+            dtype=load_dtype,
+            attn_implementation=attn,
+            low_cpu_mem_usage=cfg.model.low_cpu_mem_usage,
+            **_hub_kwargs(cfg),
+        )
     if cfg.model.resize_vocab and model.get_input_embeddings().weight.shape[0] < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
         logger.info("resized the vocabulary to %d", len(tokenizer))
     elif model.get_input_embeddings().weight.shape[0] < len(tokenizer):
-        raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has "
-                          f"{model.get_input_embeddings().weight.shape[0]} rows; set resize_vocab: true")
-    logger.info("loaded %s (%s, attention %s)", cfg.model.model_name_or_path, str(load_dtype).replace("torch.", ""),
-                model.config._attn_implementation)
+        raise ConfigError(
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has "
+            f"{model.get_input_embeddings().weight.shape[0]} rows; set resize_vocab: true"
+        )
+    logger.info(
+        "loaded %s (%s, attention %s)",
+        cfg.model.model_name_or_path,
+        str(load_dtype).replace("torch.", ""),
+        model.config._attn_implementation,
+    )
     return model

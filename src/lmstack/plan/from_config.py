@@ -10,7 +10,14 @@ from lmstack.config.schema import Config
 from lmstack.plan.model_spec import ModelSpec
 from lmstack.plan.recommend import PlanRequest
 
-ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "disabled": "eager", "fa2": "flash", "fa3": "flash", "flex": "flash"}
+ATTENTION = {
+    "auto": "sdpa",
+    "sdpa": "sdpa",
+    "disabled": "eager",
+    "fa2": "flash",
+    "fa3": "flash",
+    "flex": "flash",
+}
 
 
 def deepspeed_settings(path: str | None) -> dict:
@@ -25,24 +32,41 @@ def deepspeed_settings(path: str | None) -> dict:
         raise ConfigError(f"deepspeed: cannot read {path}: {err}") from None
     zero = ds.get("zero_optimization", {})
     off = lambda key: (zero.get(key) or {}).get("device", "none") not in ("none", None)  # noqa: E731
-    return {"deepspeed_stage": int(zero.get("stage", 0)), "offload_optimizer": off("offload_optimizer"),
-            "offload_param": off("offload_param")}
+    return {
+        "deepspeed_stage": int(zero.get("stage", 0)),
+        "offload_optimizer": off("offload_optimizer"),
+        "offload_param": off("offload_param"),
+    }
 
 
-def request_from_config(cfg: Config, gpus: int, gpu_memory_gib: float, nodes: int = 1,
-                        cpu_memory_gib: float | None = None, search: bool = False) -> PlanRequest:
+def request_from_config(
+    cfg: Config,
+    gpus: int,
+    gpu_memory_gib: float,
+    nodes: int = 1,
+    cpu_memory_gib: float | None = None,
+    search: bool = False,
+) -> PlanRequest:
     spec = ModelSpec.from_pretrained_dir(cfg.model.model_name_or_path)
     gc = cfg.training.gradient_checkpointing
     return PlanRequest(
-        spec=spec, finetuning_type=cfg.finetuning.finetuning_type, lora_rank=cfg.finetuning.lora_rank,
-        lora_target=cfg.finetuning.lora_target, quantization_bit=cfg.model.quantization_bit,
+        spec=spec,
+        finetuning_type=cfg.finetuning.finetuning_type,
+        lora_rank=cfg.finetuning.lora_rank,
+        lora_target=cfg.finetuning.lora_target,
+        quantization_bit=cfg.model.quantization_bit,
         seq_len=cfg.data.cutoff_len,
         micro_batch=None if search else cfg.training.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.training.gradient_accumulation_steps,
         gradient_checkpointing=None if (search or gc == "auto") else bool(gc),
-        attention=ATTENTION[cfg.model.flash_attn], packing=bool(cfg.data.packing or cfg.data.neat_packing),
-        fused_ce=cfg.model.enable_liger_kernel, num_gpus=gpus * nodes, gpu_memory_gib=gpu_memory_gib,
-        nodes=nodes, cpu_memory_gib=cpu_memory_gib, pure_bf16=cfg.finetuning.pure_bf16,
+        attention=ATTENTION[cfg.model.flash_attn],
+        packing=bool(cfg.data.packing or cfg.data.neat_packing),
+        fused_ce=cfg.model.enable_liger_kernel,
+        num_gpus=gpus * nodes,
+        gpu_memory_gib=gpu_memory_gib,
+        nodes=nodes,
+        cpu_memory_gib=cpu_memory_gib,
+        pure_bf16=cfg.finetuning.pure_bf16,
         freeze_trainable_layers=cfg.finetuning.freeze_trainable_layers,
         **deepspeed_settings(cfg.training.deepspeed),
     )

@@ -17,8 +17,16 @@ from lmstack.config.schema import Config
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "lmstack_config.yaml"
 LOG_FILE = "trainer_log.jsonl"
-OWN_OUTPUTS = ("trainer_log.jsonl", "trainer_state.json", "train_results.json", "eval_results.json",
-               "all_results.json", "training_loss.png", "training_eval_loss.png", CONFIG_FILE)
+OWN_OUTPUTS = (
+    "trainer_log.jsonl",
+    "trainer_state.json",
+    "train_results.json",
+    "eval_results.json",
+    "all_results.json",
+    "training_loss.png",
+    "training_eval_loss.png",
+    CONFIG_FILE,
+)
 
 
 def device_type(cfg: Config) -> str:
@@ -31,8 +39,10 @@ def check_precision(cfg: Config, device: str) -> None:
     if cfg.training.bf16 and cfg.training.fp16:
         raise ConfigError("bf16 and fp16: set only one of them")
     if cfg.training.fp16 and device == "cpu":
-        raise ConfigError("fp16: needs a CUDA GPU (fp16 mixed precision does not run on CPU); use bf16: true, "
-                          "which runs on CPU through autocast, or no mixed precision")
+        raise ConfigError(
+            "fp16: needs a CUDA GPU (fp16 mixed precision does not run on CPU); use bf16: true, "
+            "which runs on CPU through autocast, or no mixed precision"
+        )
     if cfg.training.bf16 and device == "cuda":
         import torch
 
@@ -55,13 +65,16 @@ def prepare_output_dir(cfg: Config) -> str | None:
         return str(found) if found else None
     if resume is not None:
         if not Path(resume).is_dir():
-            raise ConfigError(f"resume_from_checkpoint: {resume} is not a directory; give a checkpoint-N folder "
-                              "or `auto`")
+            raise ConfigError(
+                f"resume_from_checkpoint: {resume} is not a directory; give a checkpoint-N folder or `auto`"
+            )
         return resume
     if out.is_dir() and any(out.iterdir()):
         if not cfg.training.overwrite_output_dir:
-            raise ConfigError(f"output_dir: {out} already exists and is not empty; set overwrite_output_dir: true "
-                              "to replace it, or resume_from_checkpoint: auto to continue the run")
+            raise ConfigError(
+                f"output_dir: {out} already exists and is not empty; set overwrite_output_dir: true "
+                "to replace it, or resume_from_checkpoint: auto to continue the run"
+            )
         for ckpt in out.glob("checkpoint-*"):
             shutil.rmtree(ckpt)
         for name in OWN_OUTPUTS:
@@ -74,19 +87,42 @@ def training_arguments(cfg: Config, device: str) -> Any:
 
     t = cfg.training
     kwargs: dict[str, Any] = dict(
-        output_dir=t.output_dir, do_train=t.do_train, do_eval=t.do_eval,
+        output_dir=t.output_dir,
+        do_train=t.do_train,
+        do_eval=t.do_eval,
         per_device_train_batch_size=t.per_device_train_batch_size,
         per_device_eval_batch_size=t.per_device_eval_batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation_steps, learning_rate=t.learning_rate,
-        weight_decay=t.weight_decay, adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_epsilon=t.adam_epsilon,
-        max_grad_norm=t.max_grad_norm, optim=t.optim, num_train_epochs=t.num_train_epochs, max_steps=t.max_steps,
-        lr_scheduler_type=t.lr_scheduler_type, bf16=t.bf16 and not cfg.finetuning.pure_bf16, fp16=t.fp16,
-        seed=t.seed, data_seed=t.seed, logging_steps=t.logging_steps, save_strategy=t.save_strategy,
-        save_steps=t.save_steps, save_total_limit=t.save_total_limit, save_only_model=t.save_only_model,
-        eval_strategy=t.eval_strategy, eval_steps=t.eval_steps, report_to=t.report_to,
-        dataloader_num_workers=t.dataloader_num_workers, ddp_timeout=t.ddp_timeout, deepspeed=t.deepspeed,
-        torch_compile=t.torch_compile, disable_tqdm=t.disable_tqdm, use_cpu=device == "cpu",
-        remove_unused_columns=False, include_num_input_tokens_seen="non_padding",
+        gradient_accumulation_steps=t.gradient_accumulation_steps,
+        learning_rate=t.learning_rate,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.adam_beta1,
+        adam_beta2=t.adam_beta2,
+        adam_epsilon=t.adam_epsilon,
+        max_grad_norm=t.max_grad_norm,
+        optim=t.optim,
+        num_train_epochs=t.num_train_epochs,
+        max_steps=t.max_steps,
+        lr_scheduler_type=t.lr_scheduler_type,
+        bf16=t.bf16 and not cfg.finetuning.pure_bf16,
+        fp16=t.fp16,
+        seed=t.seed,
+        data_seed=t.seed,
+        logging_steps=t.logging_steps,
+        save_strategy=t.save_strategy,
+        save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit,
+        save_only_model=t.save_only_model,
+        eval_strategy=t.eval_strategy,
+        eval_steps=t.eval_steps,
+        report_to=t.report_to,
+        dataloader_num_workers=t.dataloader_num_workers,
+        ddp_timeout=t.ddp_timeout,
+        deepspeed=t.deepspeed,
+        torch_compile=t.torch_compile,
+        disable_tqdm=t.disable_tqdm,
+        use_cpu=device == "cpu",
+        remove_unused_columns=False,
+        include_num_input_tokens_seen="non_padding",
         train_sampling_strategy="sequential" if cfg.finetuning.disable_shuffling else "random",
     )
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -155,8 +191,11 @@ def make_callbacks(cfg: Config) -> list:
             self.start, self.start_step = time.time(), state.global_step
             path = Path(args.output_dir) / LOG_FILE
             if state.is_world_process_zero and path.is_file():
-                kept = [ln for ln in path.read_text().splitlines()
-                        if ln.strip() and json.loads(ln).get("current_steps", 0) <= state.global_step]
+                kept = [
+                    ln
+                    for ln in path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("current_steps", 0) <= state.global_step
+                ]
                 path.write_text("".join(ln + "\n" for ln in kept))
 
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -165,12 +204,18 @@ def make_callbacks(cfg: Config) -> list:
             elapsed = time.time() - self.start
             done = max(state.global_step - self.start_step, 1)
             remaining = elapsed / done * (state.max_steps - state.global_step)
-            record = {"current_steps": state.global_step, "total_steps": state.max_steps,
-                      "loss": logs.get("loss"), "eval_loss": logs.get("eval_loss"), "lr": logs.get("learning_rate"),
-                      "epoch": round(state.epoch or 0.0, 4),
-                      "percentage": round(100 * state.global_step / max(state.max_steps, 1), 2),
-                      "elapsed_time": _hms(elapsed), "remaining_time": _hms(remaining),
-                      "total_tokens": state.num_input_tokens_seen or None}
+            record = {
+                "current_steps": state.global_step,
+                "total_steps": state.max_steps,
+                "loss": logs.get("loss"),
+                "eval_loss": logs.get("eval_loss"),
+                "lr": logs.get("learning_rate"),
+                "epoch": round(state.epoch or 0.0, 4),
+                "percentage": round(100 * state.global_step / max(state.max_steps, 1), 2),
+                "elapsed_time": _hms(elapsed),
+                "remaining_time": _hms(remaining),
+                "total_tokens": state.num_input_tokens_seen or None,
+            }
             with (Path(args.output_dir) / LOG_FILE).open("a") as fh:
                 fh.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")
 

@@ -20,8 +20,9 @@ def preflight(cfg: Config) -> None:
     from lmstack.train import STAGES
 
     if cfg.finetuning.stage not in STAGES:
-        raise ConfigError(f"stage: {cfg.finetuning.stage!r} is not implemented yet; available: "
-                          f"{' | '.join(STAGES)}")
+        raise ConfigError(
+            f"stage: {cfg.finetuning.stage!r} is not implemented yet; available: {' | '.join(STAGES)}"
+        )
     check_model_path(cfg)
     if cfg.data.template:
         get_template(cfg.data.template)
@@ -30,8 +31,10 @@ def preflight(cfg: Config) -> None:
     get_dataset_attrs(cfg.data.dataset, cfg.data.dataset_dir, "dataset")
     get_dataset_attrs(cfg.data.eval_dataset, cfg.data.dataset_dir, "eval_dataset")
     if cfg.training.deepspeed and not Path(cfg.training.deepspeed).is_file():
-        raise ConfigError(f"deepspeed: {cfg.training.deepspeed} not found; use a JSON file such as "
-                          "examples/deepspeed/ds_z2_config.json")
+        raise ConfigError(
+            f"deepspeed: {cfg.training.deepspeed} not found; use a JSON file such as "
+            "examples/deepspeed/ds_z2_config.json"
+        )
     if cfg.finetuning.finetuning_type != "lora" and cfg.model.adapter_name_or_path:
         raise ConfigError("adapter_name_or_path: adapters need finetuning_type: lora")
     if cfg.training.gradient_checkpointing == "auto":
@@ -52,6 +55,10 @@ def train(config_path: str | None, overrides: list[str] | dict | None = None) ->
     preflight(cfg)
     from lmstack.train import STAGES
 
-    logger.info("stage %s, finetuning_type %s, output_dir %s", cfg.finetuning.stage,
-                cfg.finetuning.finetuning_type, cfg.training.output_dir)
+    logger.info(
+        "stage %s, finetuning_type %s, output_dir %s",
+        cfg.finetuning.stage,
+        cfg.finetuning.finetuning_type,
+        cfg.training.output_dir,
+    )
     return STAGES[cfg.finetuning.stage](cfg)

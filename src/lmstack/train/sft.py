@@ -33,8 +33,12 @@ def run(cfg: Config) -> dict:
 
     args = common.training_arguments(cfg, device)
     trainer = Trainer(
-        model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
-        data_collator=common.PadCollator(tokenizer.pad_token_id), processing_class=tokenizer,
+        model=model,
+        args=args,
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        data_collator=common.PadCollator(tokenizer.pad_token_id),
+        processing_class=tokenizer,
         callbacks=common.make_callbacks(cfg),
     )
     result = trainer.train(resume_from_checkpoint=resume)

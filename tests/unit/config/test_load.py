@@ -54,7 +54,9 @@ def test_repeated_key_same_value_warns_once(tmp_path, caplog):
 def test_repeated_key_different_value_is_error(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model_name_or_path: m\noutput_dir: o\ntemplate: qwen\ntemplate: llama3\n")
-    with pytest.raises(ConfigError, match=r"template: set twice with different values \('qwen', then 'llama3'"):
+    with pytest.raises(
+        ConfigError, match=r"template: set twice with different values \('qwen', then 'llama3'"
+    ):
         load_config(path)
 
 

@@ -7,9 +7,21 @@ from lmstack.templates import get_template
 
 
 def alpaca_attr(**kw):
-    return DatasetAttr(name="t", load_from="file", source="x", formatting="alpaca",
-                       columns={"prompt": "instruction", "query": "input", "response": "output",
-                                "system": "system", "history": "history"}, tags=dict(TAG_DEFAULTS), **kw)
+    return DatasetAttr(
+        name="t",
+        load_from="file",
+        source="x",
+        formatting="alpaca",
+        columns={
+            "prompt": "instruction",
+            "query": "input",
+            "response": "output",
+            "system": "system",
+            "history": "history",
+        },
+        tags=dict(TAG_DEFAULTS),
+        **kw,
+    )
 
 
 def test_infer_seqlen_rules():
@@ -20,18 +32,23 @@ def test_infer_seqlen_rules():
 
 
 def test_alpaca_conversion_joins_input_and_history():
-    ex = convert({"instruction": "Translate", "input": "你好", "output": "Hello", "history": [["q", "a"]]},
-                 alpaca_attr())
+    ex = convert(
+        {"instruction": "Translate", "input": "你好", "output": "Hello", "history": [["q", "a"]]},
+        alpaca_attr(),
+    )
     assert [m["role"] for m in ex["prompt"]] == ["user", "assistant", "user"]
     assert ex["prompt"][-1]["content"] == "Translate\n你好"
     assert ex["response"] == [{"role": "assistant", "content": "Hello"}]
 
 
-@pytest.mark.parametrize("record,field,reason", [
-    ({"input": "", "output": "x"}, "instruction", "missing field"),
-    ({"instruction": ["a"], "output": "x"}, "instruction", "must be a string, got list"),
-    ({"instruction": "a", "output": "x", "history": [["only one"]]}, "history[0]", "pair"),
-])
+@pytest.mark.parametrize(
+    "record,field,reason",
+    [
+        ({"input": "", "output": "x"}, "instruction", "missing field"),
+        ({"instruction": ["a"], "output": "x"}, "instruction", "must be a string, got list"),
+        ({"instruction": "a", "output": "x", "history": [["only one"]]}, "history[0]", "pair"),
+    ],
+)
 def test_alpaca_record_errors_name_the_field(record, field, reason):
     with pytest.raises(RecordError) as err:
         convert(record, alpaca_attr())
@@ -44,8 +61,10 @@ def test_labels_mask_exactly_the_prompt(tiny_tokenizer):
     opts = EncodeOptions(stage="sft", cutoff_len=512)
     sample, truncated = encode_supervised(ex, tiny_tokenizer, template, opts)
     assert not truncated
-    prompt = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-              "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    prompt = (
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     answer = "hello there<|im_end|>\n"
     p_ids = tiny_tokenizer.encode(prompt, add_special_tokens=False)
     a_ids = tiny_tokenizer.encode(answer, add_special_tokens=False)
@@ -60,18 +79,22 @@ def test_every_assistant_turn_is_trained_and_train_on_prompt(tiny_tokenizer):
     sample, _ = encode_supervised(ex, tiny_tokenizer, template, EncodeOptions(stage="sft", cutoff_len=512))
     trained = tiny_tokenizer.decode([t for t in sample["labels"] if t != IGNORE_INDEX])
     assert trained == "a1<|im_end|>\na2<|im_end|>\n"
-    sample, _ = encode_supervised(ex, tiny_tokenizer, template,
-                                  EncodeOptions(stage="sft", cutoff_len=512, train_on_prompt=True))
+    sample, _ = encode_supervised(
+        ex, tiny_tokenizer, template, EncodeOptions(stage="sft", cutoff_len=512, train_on_prompt=True)
+    )
     assert sample["labels"] == sample["input_ids"]
-    sample, _ = encode_supervised(ex, tiny_tokenizer, template,
-                                  EncodeOptions(stage="sft", cutoff_len=512, mask_history=True))
+    sample, _ = encode_supervised(
+        ex, tiny_tokenizer, template, EncodeOptions(stage="sft", cutoff_len=512, mask_history=True)
+    )
     assert tiny_tokenizer.decode([t for t in sample["labels"] if t != IGNORE_INDEX]) == "a2<|im_end|>\n"
 
 
 def test_truncation_is_reported_and_zero_label_examples_dropped(tiny_tokenizer):
     template = get_template("qwen")
     ex = convert({"instruction": "word " * 200, "output": "short answer"}, alpaca_attr())
-    sample, truncated = encode_supervised(ex, tiny_tokenizer, template, EncodeOptions(stage="sft", cutoff_len=64))
+    sample, truncated = encode_supervised(
+        ex, tiny_tokenizer, template, EncodeOptions(stage="sft", cutoff_len=64)
+    )
     assert truncated and len(sample["input_ids"]) == 64
     ex = convert({"instruction": "hi", "output": "   "}, alpaca_attr())
     with pytest.raises(DropExample, match="empty response"):
@@ -79,6 +102,16 @@ def test_truncation_is_reported_and_zero_label_examples_dropped(tiny_tokenizer):
 
 
 def test_column_defaults_cover_lf_keys():
-    for key in ("prompt", "query", "response", "history", "messages", "system", "tools", "chosen", "rejected",
-                "kto_tag"):
+    for key in (
+        "prompt",
+        "query",
+        "response",
+        "history",
+        "messages",
+        "system",
+        "tools",
+        "chosen",
+        "rejected",
+        "kto_tag",
+    ):
         assert key in COLUMN_DEFAULTS
