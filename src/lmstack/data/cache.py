@@ -2,29 +2,36 @@
 
 Key = sha256 over: the data files' content hashes (not their mtimes), the tokenizer (vocab, merges,
 special tokens, chat template), the template definition, the encode options (stage, cutoff_len,
-masking flags), max_samples and the lmstack version. Entries are written to a temporary folder and
-renamed into place, so an interrupted write is never read. Arrays are .npy (no pickle).
+masking flags), max_samples, the lmstack version and a hash of the data/template code. A miss logs
+which of these inputs changed, compared with the closest earlier entry of the same dataset.
+
+Entries are written to a temporary folder (`.tmp-*`) and renamed into place with a COMPLETE marker
+written last, so an interrupted write is never read; `.tmp-*` folders older than an hour (left by a
+killed run) are removed on the next write. Only successful results are stored (a dataset with no
+valid record is not cached, so fixing the data or the mapping is always picked up). Arrays are
+.npy (no pickle). The root is $XDG_CACHE_HOME/lmstack/tokenized (default ~/.cache/...).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 import lmstack
 from lmstack.data.registry import DatasetAttr
 from lmstack.data.tokenized import TokenizedDataset
 
 logger = logging.getLogger(__name__)
+STALE_TMP_SECONDS = 3600
 
 
 def cache_root() -> Path:
@@ -60,8 +67,22 @@ def _tokenizer_digest(tokenizer: Any) -> str:
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
+@functools.cache
+def _code_digest() -> str:
+    """The data and template code itself: an edited converter or template never reuses old entries,
+    even when the lmstack version string did not change (a development install)."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for folder in ("data", "templates"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix in (".py", ".yaml", ".json") and path.is_file():
+                h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def key_parts(attr: DatasetAttr, tokenizer: Any, template: Any, opts: Any, max_samples: int | None) -> dict:
-    entry = {k: v for k, v in asdict(attr).items() if k not in ("source",)}
+    # num_samples is applied after the cache (a seeded draw from the cached records)
+    entry = {k: v for k, v in asdict(attr).items() if k not in ("source", "num_samples")}
     return {
         "data": _data_digest(attr),
         "entry": entry,
@@ -70,6 +91,7 @@ def key_parts(attr: DatasetAttr, tokenizer: Any, template: Any, opts: Any, max_s
         "options": asdict(opts),
         "max_samples": max_samples,
         "lmstack": lmstack.__version__,
+        "code": _code_digest(),
     }
 
 
@@ -84,50 +106,87 @@ def _entry_dir(name: str, digest: str) -> Path:
     return cache_root() / f"{safe}-{digest}"
 
 
+def _diff(old: dict, new: dict) -> list[str]:
+    changed = []
+    for key, value in new.items():
+        before = old.get(key)
+        if before == value:
+            continue
+        if isinstance(value, dict) and isinstance(before, dict):  # name the file / option inside
+            inner = sorted(k for k in set(value) | set(before) if value.get(k) != before.get(k))
+            changed += [f"{key} ({k})" for k in inner] if key == "data" else inner
+        else:
+            changed.append(key)
+    return changed
+
+
 def _changed_inputs(name: str, parts: dict) -> list[str]:
-    """Compare with the newest earlier entry of the same dataset: which inputs changed."""
+    """Which inputs differ from the closest complete earlier entry of the same dataset (fewest
+    differences; the most recently used one on a tie)."""
     root = cache_root()
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    previous = (
-        sorted(root.glob(f"{safe}-*/key.json"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
-    )
-    if not previous:
+    if not root.is_dir():
         return []
-    old = json.loads(previous[-1].read_text())
-    return [
-        k
-        for k in parts
-        if json.dumps(old.get(k), sort_keys=True, default=str)
-        != json.dumps(parts[k], sort_keys=True, default=str)
-    ]
+    new = json.loads(json.dumps(parts, sort_keys=True, default=str))
+    best: tuple[int, float, list[str]] | None = None
+    for key_file in root.glob(f"{safe}-*/key.json"):
+        if not (key_file.parent / "COMPLETE").is_file():
+            continue
+        try:
+            changed = _diff(json.loads(key_file.read_text()), new)
+            rank = (len(changed), -key_file.stat().st_mtime, changed)
+        except (OSError, ValueError):
+            continue
+        if best is None or rank[:2] < best[:2]:
+            best = rank
+    return best[2] if best else []
 
 
-def load(key: dict, name: str) -> tuple[list[dict], dict] | None:
+def load(key: dict, name: str, overwrite: bool = False) -> tuple[TokenizedDataset, dict] | None:
     path = _entry_dir(name, key["digest"])
+    if overwrite:
+        logger.info("dataset %s: tokenizing (overwrite_cache: true)", name)
+        return None
     if not (path / "COMPLETE").is_file():
         changed = _changed_inputs(name, key["parts"])
         why = f"changed: {', '.join(changed)}" if changed else "no earlier entry"
         logger.info("dataset %s: tokenizing (cache miss, %s)", name, why)
         return None
-    ds = TokenizedDataset(
-        np.load(path / "input_ids.npy", allow_pickle=False),
-        np.load(path / "labels.npy", allow_pickle=False),
-        np.load(path / "offsets.npy", allow_pickle=False),
-    )
-    stats = json.loads((path / "stats.json").read_text())
+    try:
+        ds = TokenizedDataset.load(path)
+        stats = json.loads((path / "stats.json").read_text())
+    except (OSError, ValueError) as err:  # a damaged entry is rebuilt, never trusted
+        logger.warning("dataset %s: cache entry %s is unreadable (%s); tokenizing again", name, path, err)
+        return None
+    try:
+        os.utime(path / "key.json")  # most recently used: preferred when naming what changed
+    except OSError:
+        pass
     logger.info("dataset %s: reusing tokenized cache %s", name, path)
-    return ds.to_samples(), stats
+    return ds, stats
 
 
-def store(key: dict, name: str, samples: list[dict], stats: dict) -> None:
+def clean_stale_tmp(root: Path, max_age: float = STALE_TMP_SECONDS) -> None:
+    """Remove `.tmp-*` folders older than `max_age` seconds (left behind by an interrupted write)."""
+    now = time.time()
+    for tmp in root.glob(".tmp-*"):
+        try:
+            if now - tmp.stat().st_mtime > max_age:
+                shutil.rmtree(tmp, ignore_errors=True)
+                logger.debug("removed stale cache temp folder %s", tmp)
+        except OSError:
+            pass
+
+
+def store(key: dict, name: str, dataset: TokenizedDataset, stats: dict) -> None:
+    if len(dataset) == 0:
+        return  # never cache a dataset without a valid record: the user is about to fix it
     final = _entry_dir(name, key["digest"])
     final.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_tmp(final.parent)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
     try:
-        ds = TokenizedDataset.from_samples(samples)
-        np.save(tmp / "input_ids.npy", ds.input_ids)
-        np.save(tmp / "labels.npy", ds.labels)
-        np.save(tmp / "offsets.npy", ds.offsets)
+        dataset.save(tmp)
         (tmp / "stats.json").write_text(json.dumps(stats))
         (tmp / "key.json").write_text(json.dumps(key["parts"], sort_keys=True, default=str))
         (tmp / "COMPLETE").write_text("ok")

@@ -4,8 +4,14 @@ Canonical example (a plain dict):
     prompt:   list of messages, odd length, ending with a user/observation turn
     response: [assistant] for sft; [chosen, rejected] for pairwise; [] when the column is absent (pt)
     system, tools: str | None;  kto_tag: bool | None
-A record that cannot be converted raises `RecordError(field, reason)`; the loader adds file and index.
-Nothing is skipped here: the caller counts and reports every problem.
+    response_field: the record's field path of the trained answer (names it in "empty response")
+    images/videos/audios: list of paths, only when the column is mapped
+A record that cannot be converted raises `RecordError(field, kind, detail)`; the loader adds file and
+index. Nothing is skipped here: the caller counts every problem by `kind` and lists each one.
+
+Problem kinds (what `lmstack check` and the training log count by): missing field, wrong type,
+empty response, empty conversation, wrong role order, unknown role, odd number of turns,
+wrong number of turns (ranking), bad JSON line, bad tool call, image without placeholder.
 """
 
 from __future__ import annotations
@@ -15,12 +21,17 @@ from typing import Any
 
 from lmstack.data.registry import DatasetAttr
 
+MEDIA_PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
+
 
 class RecordError(ValueError):
-    def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
+    """`kind` is the short category counted in reports; `reason` = kind + the detail."""
+
+    def __init__(self, field: str, kind: str, detail: str = ""):
         self.field = field
-        self.reason = reason
+        self.kind = kind
+        self.reason = f"{kind}: {detail}" if detail else kind
+        super().__init__(f"{field}: {self.reason}")
 
 
 def _text(record: dict, column: str | None, required: bool = True) -> str | None:
@@ -32,7 +43,7 @@ def _text(record: dict, column: str | None, required: bool = True) -> str | None
         return None
     value = record[column]
     if not isinstance(value, str):
-        raise RecordError(column, f"must be a string, got {type(value).__name__}")
+        raise RecordError(column, "wrong type", f"must be a string, got {type(value).__name__}")
     return value
 
 
@@ -41,7 +52,7 @@ def _kto_tag(record: dict, column: str | None) -> bool | None:
         return None
     value = record.get(column)
     if not isinstance(value, bool):
-        raise RecordError(column, f"kto tag must be true or false, got {value!r}")
+        raise RecordError(column, "wrong type", f"kto tag must be true or false, got {value!r}")
     return value
 
 
@@ -63,20 +74,27 @@ def convert_alpaca(record: dict, attr: DatasetAttr) -> dict:
     if history:
         if not isinstance(history, list):
             raise RecordError(
-                history_col, f"must be a list of [question, answer] pairs, got {type(history).__name__}"
+                history_col,
+                "wrong type",
+                f"must be a list of [question, answer] pairs, got {type(history).__name__}",
             )
         for i, pair in enumerate(history):
             if not (
                 isinstance(pair, list | tuple) and len(pair) == 2 and all(isinstance(s, str) for s in pair)
             ):
-                raise RecordError(f"{history_col}[{i}]", "must be a [question, answer] pair of strings")
+                raise RecordError(
+                    f"{history_col}[{i}]", "wrong type", "must be a [question, answer] pair of strings"
+                )
             prompt += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
     prompt.append({"role": "user", "content": prompt_text})
     if attr.ranking:
-        response = [
-            {"role": "assistant", "content": _text(record, attr.column("chosen") or "chosen")},
-            {"role": "assistant", "content": _text(record, attr.column("rejected") or "rejected")},
-        ]
+        response = []
+        for key in ("chosen", "rejected"):
+            col = attr.column(key) or key
+            answer = _text(record, col)
+            if not answer.strip():
+                raise RecordError(col, "empty response")
+            response.append({"role": "assistant", "content": answer})
     else:
         out = _text(
             record,
@@ -90,6 +108,7 @@ def convert_alpaca(record: dict, attr: DatasetAttr) -> dict:
         "system": _text(record, attr.column("system"), required=False),
         "tools": _tools(record, attr.column("tools")),
         "kto_tag": _kto_tag(record, attr.column("kto_tag")),
+        "response_field": None if attr.ranking else attr.column("response"),
     }
 
 
@@ -106,45 +125,74 @@ def _role_map(attr: DatasetAttr) -> dict[str, str]:
 
 def _sharegpt_message(msg: Any, where: str, attr: DatasetAttr, roles: dict[str, str]) -> dict:
     if not isinstance(msg, dict):
-        raise RecordError(where, f"must be an object, got {type(msg).__name__}")
+        raise RecordError(where, "wrong type", f"must be an object, got {type(msg).__name__}")
     role_tag, content_tag = attr.tags["role_tag"], attr.tags["content_tag"]
     if role_tag not in msg:
         raise RecordError(f"{where}.{role_tag}", "missing field")
     if msg[role_tag] not in roles:
-        raise RecordError(f"{where}.{role_tag}", f"unknown role {msg[role_tag]!r}; known: {', '.join(roles)}")
+        raise RecordError(
+            f"{where}.{role_tag}", "unknown role", f"{msg[role_tag]!r}; known: {', '.join(roles)}"
+        )
     content = msg.get(content_tag)
+    if content is None:
+        raise RecordError(f"{where}.{content_tag}", "missing field")
     if not isinstance(content, str):
         raise RecordError(
-            f"{where}.{content_tag}",
-            "missing field" if content is None else f"must be a string, got {type(content).__name__}",
+            f"{where}.{content_tag}", "wrong type", f"must be a string, got {type(content).__name__}"
         )
     return {"role": roles[msg[role_tag]], "content": content}
 
 
-def check_alternation(messages: list[dict], col: str) -> None:
+OPENAI_NAMES = {
+    "user": "user",
+    "assistant": "assistant",
+    "observation": "tool",
+    "function": "assistant tool_calls",
+}
+
+
+def check_alternation(
+    messages: list[dict], col: str, offset: int = 0, names: dict[str, str] | None = None
+) -> None:
+    """`offset`: index of messages[0] in the record's list (1 when a system message was taken off);
+    `names`: canonical role -> the record's own role name, for the message."""
+    names = names or {}
     for i, m in enumerate(messages):
         expected = ("user", "observation") if i % 2 == 0 else ("assistant", "function")
         if m["role"] not in expected:
+            allowed = " or ".join(repr(names.get(r, r)) for r in expected)
             raise RecordError(
-                f"{col}[{i}]",
-                f"wrong role order: got {m['role']!r} where {' or '.join(expected)} "
-                "is expected (turns must alternate user/assistant)",
+                f"{col}[{i + offset}]",
+                "wrong role order",
+                f"got {names.get(m['role'], m['role'])!r} where {allowed} is expected "
+                "(turns must alternate user/assistant)",
             )
 
 
 def _split_conversation(messages: list[dict], col: str, attr: DatasetAttr, record: dict) -> tuple[list, list]:
     if attr.ranking:
         if len(messages) % 2 != 1:
-            raise RecordError(col, "ranking conversations must end with a user turn (odd number of turns)")
+            raise RecordError(
+                col,
+                "wrong number of turns",
+                f"{len(messages)} turn(s); a ranking conversation must end with a user turn",
+            )
         roles = _role_map(attr)
-        chosen = _sharegpt_message(record.get(attr.column("chosen") or "chosen"), "chosen", attr, roles)
-        rejected = _sharegpt_message(
-            record.get(attr.column("rejected") or "rejected"), "rejected", attr, roles
-        )
-        return messages, [chosen, rejected]
+        answers = []
+        for key in ("chosen", "rejected"):
+            col = attr.column(key) or key
+            if record.get(col) is None:
+                raise RecordError(col, "missing field")
+            answer = _sharegpt_message(record[col], col, attr, roles)
+            if not answer["content"].strip():
+                raise RecordError(f"{col}.{attr.tags['content_tag']}", "empty response")
+            answers.append(answer)
+        return messages, answers
     if len(messages) % 2 != 0:
         raise RecordError(
-            col, f"odd number of turns ({len(messages)}); a conversation must end with an assistant turn"
+            col,
+            "odd number of turns",
+            f"{len(messages)} turn(s); a conversation must end with an assistant turn",
         )
     return messages[:-1], messages[-1:]
 
@@ -154,16 +202,16 @@ def convert_sharegpt(record: dict, attr: DatasetAttr) -> dict:
     raw = record.get(col)
     if raw is None:
         raise RecordError(col, "missing field")
-    if not isinstance(raw, list) or not raw:
-        raise RecordError(col, "must be a non-empty list of messages")
+    _check_list(raw, col)
     roles = _role_map(attr)
     messages = [_sharegpt_message(m, f"{col}[{i}]", attr, roles) for i, m in enumerate(raw)]
     system = _text(record, attr.column("system"), required=False)
+    offset = 0
     if messages[0]["role"] == "system":
-        system = messages.pop(0)["content"]
+        system, offset = messages.pop(0)["content"], 1
     if not messages:
-        raise RecordError(col, "has only a system message")
-    check_alternation(messages, col)
+        raise RecordError(col, "empty conversation", "only a system message")
+    check_alternation(messages, col, offset, {v: k for k, v in roles.items()})
     prompt, response = _split_conversation(messages, col, attr, record)
     return {
         "prompt": prompt,
@@ -171,15 +219,25 @@ def convert_sharegpt(record: dict, attr: DatasetAttr) -> dict:
         "system": system,
         "tools": _tools(record, attr.column("tools")),
         "kto_tag": _kto_tag(record, attr.column("kto_tag")),
+        "response_field": None if attr.ranking else f"{col}[{len(raw) - 1}].{attr.tags['content_tag']}",
     }
+
+
+def _check_list(raw: Any, col: str) -> None:
+    if not isinstance(raw, list):
+        raise RecordError(col, "wrong type", f"must be a list of messages, got {type(raw).__name__}")
+    if not raw:
+        raise RecordError(col, "empty conversation", "the message list is empty")
 
 
 def _openai_messages(raw: list, col: str) -> tuple[list[dict], str | None]:
     system, out = None, []
     for i, msg in enumerate(raw):
         where = f"{col}[{i}]"
-        if not isinstance(msg, dict) or "role" not in msg:
-            raise RecordError(where, "must be an object with a role")
+        if not isinstance(msg, dict):
+            raise RecordError(where, "wrong type", f"must be an object, got {type(msg).__name__}")
+        if "role" not in msg:
+            raise RecordError(f"{where}.role", "missing field")
         role = msg["role"]
         if role == "system" and i == 0:
             system = msg.get("content") or ""
@@ -202,38 +260,43 @@ def _openai_messages(raw: list, col: str) -> tuple[list[dict], str | None]:
                 out.append({"role": "observation", "content": _content(msg, where)})
         else:
             raise RecordError(
-                f"{where}.role", f"unknown role {role!r}; known: system (first), user, assistant, tool"
+                f"{where}.role", "unknown role", f"{role!r}; known: system (first), user, assistant, tool"
             )
     return out, system
 
 
 def _content(msg: dict, where: str) -> str:
     content = msg.get("content")
+    if content is None:
+        raise RecordError(f"{where}.content", "missing field")
     if not isinstance(content, str):
-        raise RecordError(f"{where}.content", "missing field" if content is None else "must be a string")
+        raise RecordError(f"{where}.content", "wrong type", f"must be a string, got {type(content).__name__}")
     return content
 
 
 def _tool_call(call: Any, where: str) -> dict:
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or "name" not in fn:
-        raise RecordError(where, "a tool call needs function.name and function.arguments")
+        raise RecordError(where, "bad tool call", "needs function.name and function.arguments")
     args = fn.get("arguments", {})
     if isinstance(args, str):
         try:
             args = json.loads(args) if args else {}
         except json.JSONDecodeError:
-            raise RecordError(f"{where}.function.arguments", "is not valid JSON") from None
+            raise RecordError(f"{where}.function.arguments", "bad tool call", "not valid JSON") from None
     return {"name": fn["name"], "arguments": args}
 
 
 def convert_openai(record: dict, attr: DatasetAttr) -> dict:
     col = attr.column("messages") if "messages" in attr.columns else "messages"
     raw = record.get(col)
-    if not isinstance(raw, list) or not raw:
-        raise RecordError(col, "missing field" if raw is None else "must be a non-empty list of messages")
+    if raw is None:
+        raise RecordError(col, "missing field")
+    _check_list(raw, col)
     messages, system = _openai_messages(raw, col)
-    check_alternation(messages, col)
+    if not messages:
+        raise RecordError(col, "empty conversation", "only a system message")
+    _check_openai_order(messages, raw, col)
     prompt, response = _split_conversation(messages, col, attr, record)
     return {
         "prompt": prompt,
@@ -241,13 +304,56 @@ def convert_openai(record: dict, attr: DatasetAttr) -> dict:
         "system": system,
         "tools": _tools(record, attr.column("tools")),
         "kto_tag": _kto_tag(record, attr.column("kto_tag")),
+        "response_field": None if attr.ranking else f"{col}[{len(raw) - 1}].content",
     }
+
+
+def _check_openai_order(messages: list[dict], raw: list, col: str) -> None:
+    """Alternation on the merged list, but errors name the index in the record's own list."""
+    raw_index = []
+    for i, msg in enumerate(raw):
+        role = msg["role"]
+        if role == "system" and i == 0:
+            continue
+        if role == "tool" and i > 0 and raw[i - 1]["role"] == "tool" and raw_index:
+            continue  # merged into the previous observation
+        raw_index.append(i)
+    try:
+        check_alternation(messages, col, names=OPENAI_NAMES)
+    except RecordError as err:
+        pos = int(err.field[len(col) + 1 : -1])
+        raise RecordError(f"{col}[{raw_index[pos]}]", err.kind, err.reason[len(err.kind) + 2 :]) from None
 
 
 CONVERTERS = {"alpaca": convert_alpaca, "sharegpt": convert_sharegpt, "openai": convert_openai}
 
 
+def _check_media(record: dict, attr: DatasetAttr, example: dict) -> None:
+    """Multimodal columns: the number of placeholders in the text must equal the list length."""
+    texts = [m["content"] for m in example["prompt"] + example["response"]]
+    for key, placeholder in MEDIA_PLACEHOLDERS.items():
+        col = attr.column(key)
+        if col is None:
+            continue
+        value = record.get(col)
+        value = [] if value is None else [value] if isinstance(value, str) else value
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise RecordError(col, "wrong type", "must be a list of file paths")
+        found = sum(t.count(placeholder) for t in texts)
+        if found != len(value):
+            kind = key[:-1]  # image / video / audio
+            raise RecordError(
+                col,
+                f"{kind} without placeholder" if found < len(value) else f"placeholder without {kind}",
+                f"{len(value)} {key} but {found} {placeholder} placeholder(s) in the text; "
+                f"put one {placeholder} where each goes",
+            )
+        example[key] = value
+
+
 def convert(record: Any, attr: DatasetAttr) -> dict:
     if not isinstance(record, dict):
-        raise RecordError("<record>", f"must be an object, got {type(record).__name__}")
-    return CONVERTERS[attr.formatting](record, attr)
+        raise RecordError("<record>", "wrong type", f"must be an object, got {type(record).__name__}")
+    example = CONVERTERS[attr.formatting](record, attr)
+    _check_media(record, attr, example)
+    return example

@@ -1,25 +1,33 @@
 """Registry -> raw records -> canonical examples -> encoded, with a report that counts every drop.
 
 `build_datasets(cfg, tokenizer, template)` is what the stages call. A record is never skipped
-without being counted by reason in `DataReport`; when no record of the training data survives,
-a `DataError` prints the breakdown before any model is loaded.
+without being counted by kind in `DatasetStats` and listed with its file, position, field path and
+reason; when no record of the training data survives, a `DataError` prints the breakdown before
+any model is loaded.
+
+Order of operations per dataset: read -> max_samples (first N records) -> convert + encode (cached,
+see cache.py) -> num_samples (seeded draw) ; then the datasets are mixed (`mix_strategy`) and
+`val_size` is split off.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import random
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmstack.config.errors import DataError
+import numpy as np
+
+from lmstack.config.errors import ConfigError, DataError
 from lmstack.config.schema import Config
 from lmstack.data import cache as data_cache
 from lmstack.data.encode import ENCODERS, DropExample, EncodeOptions
 from lmstack.data.formats import RecordError, convert
 from lmstack.data.loader import RawRecord, read_records
+from lmstack.data.mix import mix_datasets, parse_probs
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.tokenized import TokenizedDataset
 
@@ -33,8 +41,8 @@ class DatasetStats:
     records: int = 0
     kept: int = 0
     truncated: int = 0
-    dropped: Counter = field(default_factory=Counter)
-    problems: list[dict] = field(default_factory=list)
+    dropped: Counter = field(default_factory=Counter)  # kind -> count
+    problems: list[dict] = field(default_factory=list)  # file, position, field, kind, reason
 
     def to_dict(self) -> dict:
         return {
@@ -46,6 +54,10 @@ class DatasetStats:
             "problems": self.problems,
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> DatasetStats:
+        return cls(d["name"], d["records"], d["kept"], d["truncated"], Counter(d["dropped"]), d["problems"])
+
 
 @dataclass
 class DataBundle:
@@ -54,77 +66,122 @@ class DataBundle:
     stats: list[DatasetStats]
 
 
-def _process_chunk(args: tuple) -> tuple[list[dict], list[tuple[int, str | None, str]], int]:
-    """Convert + encode a chunk of raw records. Returns (encoded, problems, truncated_count);
-    a problem is (index in chunk, field or None, reason)."""
-    records, attr, tokenizer, template, opts = args
+def format_problem(p: dict) -> str:
+    """`file line 3, field conversations[1].from: unknown role: 'bot'; known: ...` (check and train)."""
+    where = f"{p['file']} {p['position']}" + (f", field {p['field']}" if p.get("field") else "")
+    return f"{where}: {p['reason']}"
+
+
+def format_dropped(stats: DatasetStats) -> str:
+    return ", ".join(f"{n} x {kind}" for kind, n in stats.dropped.most_common()) or "none"
+
+
+# ---- encoding (optionally in a fork pool) ------------------------------------------------------
+# The job (records, attr, tokenizer, template, options) is put here before the pool forks, so the
+# workers inherit it instead of unpickling the tokenizer and the records for every chunk; a worker
+# returns numpy arrays, which pickle as raw bytes.
+_JOB: dict[str, Any] = {}
+
+
+def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int]:
+    """Encode records[start:end]. Returns (ragged {key: (int32 array, lengths)}, dense {key: list},
+    problems [(index, field, kind, reason)], truncated count)."""
+    records, attr, tokenizer, template, opts = _JOB["job"]
     encoder = ENCODERS[opts.stage]
-    encoded, problems, truncated = [], [], 0
-    for i, raw in enumerate(records):
+    flat: dict[str, array] = {}  # int32 buffers: cheap to extend, zero-copy to numpy
+    lengths: dict[str, list[int]] = {}
+    dense: dict[str, list] = {}
+    problems: list[tuple] = []
+    truncated = 0
+    for i in range(*bounds):
+        raw = records[i]
         if raw.error:
-            problems.append((i, None, raw.error))
+            problems.append((i, None, "bad JSON line", raw.error))
             continue
         try:
-            example = convert(raw.data, attr)
-            sample, was_cut = encoder(example, tokenizer, template, opts)
+            sample, was_cut = encoder(convert(raw.data, attr), tokenizer, template, opts)
         except RecordError as err:
-            problems.append((i, err.field, err.reason))
+            problems.append((i, err.field, err.kind, err.reason))
             continue
         except DropExample as err:
-            problems.append((i, None, err.reason))
+            problems.append((i, err.field, err.kind, err.reason))
             continue
-        truncated += was_cut
-        encoded.append(sample)
-    return encoded, problems, truncated
+        truncated += bool(was_cut)
+        for key, value in sample.items():
+            if isinstance(value, list | tuple):
+                flat.setdefault(key, array("i")).extend(value)
+                lengths.setdefault(key, []).append(len(value))
+            else:
+                dense.setdefault(key, []).append(value)
+    ragged = {k: (np.frombuffer(v, dtype=np.int32), lengths[k]) for k, v in flat.items()}
+    return ragged, dense, problems, truncated
 
 
-def _encode_records(
+def _chunks(n: int, size: int) -> list[tuple[int, int]]:
+    return [(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def encode_records(
     records: list[RawRecord],
     attr: DatasetAttr,
     tokenizer: Any,
     template: Any,
     opts: EncodeOptions,
-    workers: int,
-) -> tuple[list[dict], DatasetStats]:
+    workers: int = 1,
+    batch_size: int = 1000,
+) -> tuple[TokenizedDataset, DatasetStats]:
     stats = DatasetStats(attr.name, records=len(records))
-    if workers > 1 and len(records) >= 2 * workers:
-        size = -(-len(records) // (workers * 4))
-        chunks = [records[i : i + size] for i in range(0, len(records), size)]
-        with mp.get_context("fork").Pool(workers) as pool:
-            results = pool.map(_process_chunk, [(c, attr, tokenizer, template, opts) for c in chunks])
-        offsets = [i * size for i in range(len(chunks))]
-    else:
-        results, offsets = [_process_chunk((records, attr, tokenizer, template, opts))], [0]
-    encoded: list[dict] = []
-    for (samples, problems, truncated), offset in zip(results, offsets):
-        encoded += samples
+    if opts.stage not in ENCODERS:
+        raise ConfigError(f"stage: {opts.stage!r} has no data encoder; available: {', '.join(ENCODERS)}")
+    _JOB["job"] = (records, attr, tokenizer, template, opts)
+    try:
+        use_pool = workers > 1 and len(records) >= 2 * workers and "fork" in mp.get_all_start_methods()
+        if use_pool:
+            size = max(1, min(batch_size, -(-len(records) // workers)))
+            with mp.get_context("fork").Pool(workers) as pool:
+                results = pool.map(_encode_range, _chunks(len(records), size), chunksize=1)
+        else:
+            if workers > 1 and "fork" not in mp.get_all_start_methods():
+                logger.warning(
+                    "preprocessing_num_workers: no fork on this platform; tokenizing in one process"
+                )
+            results = [_encode_range((0, len(records)))]
+    finally:
+        _JOB.clear()
+    ragged: dict[str, tuple[list, list]] = {}
+    dense: dict[str, list] = {}
+    for part_ragged, part_dense, problems, truncated in results:
+        for key, (values, lens) in part_ragged.items():
+            ragged.setdefault(key, ([], []))
+            ragged[key][0].append(values)
+            ragged[key][1].extend(lens)
+        for key, values in part_dense.items():
+            dense.setdefault(key, []).extend(values)
         stats.truncated += truncated
-        for idx, fld, reason in problems:
-            raw = records[offset + idx]
-            stats.dropped[reason if fld is None else f"{reason}"] += 1
+        for idx, fld, kind, reason in problems:
+            raw = records[idx]
+            stats.dropped[kind] += 1
             stats.problems.append(
-                {"file": raw.file, "position": raw.position, "field": fld, "reason": reason}
+                {"file": raw.file, "position": raw.position, "field": fld, "kind": kind, "reason": reason}
             )
-    stats.kept = len(encoded)
-    return encoded, stats
+    kept = len(records) - sum(stats.dropped.values())
+    stats.kept = kept
+    return TokenizedDataset.from_arrays(ragged, dense, kept), stats
 
 
 def _log_stats(stats: DatasetStats, cutoff_len: int) -> None:
-    dropped = sum(stats.dropped.values())
     logger.info(
-        "dataset %s: %d records, %d kept, %d dropped, %d truncated to cutoff_len=%d",
+        "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d",
         stats.name,
         stats.records,
         stats.kept,
-        dropped,
+        sum(stats.dropped.values()),
+        format_dropped(stats),
         stats.truncated,
         cutoff_len,
     )
-    for reason, count in stats.dropped.most_common():
-        logger.warning("dataset %s: dropped %d record(s): %s", stats.name, count, reason)
     for p in stats.problems[:MAX_LOGGED_PROBLEMS]:
-        where = f"{p['file']} {p['position']}" + (f", field {p['field']}" if p["field"] else "")
-        logger.warning("  %s: %s", where, p["reason"])
+        logger.warning("  %s", format_problem(p))
     if len(stats.problems) > MAX_LOGGED_PROBLEMS:
         logger.warning(
             "  ... and %d more (all listed by `lmstack check`)", len(stats.problems) - MAX_LOGGED_PROBLEMS
@@ -143,44 +200,81 @@ def encode_options(cfg: Config) -> EncodeOptions:
     )
 
 
+def read_limited(attr: DatasetAttr, max_samples: int | None) -> list[RawRecord]:
+    records = read_records(attr)
+    if max_samples is not None and len(records) > max_samples:
+        logger.info(
+            "dataset %s: max_samples=%d keeps the first %d of %d records",
+            attr.name,
+            max_samples,
+            max_samples,
+            len(records),
+        )
+        records = records[:max_samples]
+    return records
+
+
+def load_one(
+    cfg: Config, attr: DatasetAttr, tokenizer: Any, template: Any, opts: EncodeOptions | None = None
+) -> tuple[TokenizedDataset, DatasetStats]:
+    """One dataset, encoded (from the cache when its inputs are unchanged)."""
+    opts = opts or encode_options(cfg)
+    key = data_cache.cache_key(attr, tokenizer, template, opts, cfg.data.max_samples)
+    hit = data_cache.load(key, attr.name, overwrite=cfg.data.overwrite_cache)
+    if hit is not None:
+        return hit[0], DatasetStats.from_dict(hit[1])
+    records = read_limited(attr, cfg.data.max_samples)
+    data, stats = encode_records(
+        records,
+        attr,
+        tokenizer,
+        template,
+        opts,
+        cfg.data.preprocessing_num_workers or 1,
+        cfg.data.preprocessing_batch_size,
+    )
+    data_cache.store(key, attr.name, data, stats.to_dict())
+    return data, stats
+
+
+def apply_num_samples(data: TokenizedDataset, attr: DatasetAttr, seed: int) -> TokenizedDataset:
+    """`num_samples` in dataset_info.json: a random sample of that size; larger than the dataset ->
+    every record once (shuffled) plus a draw with replacement for the rest. Seeded by `seed`."""
+    n = attr.num_samples
+    if n is None or len(data) == 0:
+        return data
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(data))[:n]
+    if n > len(data):
+        order = np.concatenate([order, rng.choice(len(data), n - len(data), replace=True)])
+    logger.info(
+        "dataset %s: num_samples=%d drawn from %d records%s",
+        attr.name,
+        n,
+        len(data),
+        " (oversampled with replacement)" if n > len(data) else "",
+    )
+    return data.select(order)
+
+
 def load_split(
-    cfg: Config, names: str, field_name: str, tokenizer: Any, template: Any
-) -> tuple[list[dict], list[DatasetStats]]:
-    opts = encode_options(cfg)
-    all_samples, all_stats = [], []
+    cfg: Config, names: str, field_name: str, tokenizer: Any, template: Any, mix: bool = True
+) -> tuple[TokenizedDataset, list[DatasetStats]]:
+    """Every dataset of `names` (a comma list), encoded, num_samples applied, mixed per mix_strategy
+    (`mix=False`: concatenated)."""
+    parts, all_stats = [], []
     for attr in get_dataset_attrs(names, cfg.data.dataset_dir, field_name):
         check_ranking(attr, cfg.finetuning.stage)
-        key = data_cache.cache_key(attr, tokenizer, template, opts, cfg.data.max_samples)
-        hit = None if cfg.data.overwrite_cache else data_cache.load(key, attr.name)
-        if hit is not None:
-            samples, stats_dict = hit
-            stats = DatasetStats(
-                attr.name,
-                stats_dict["records"],
-                stats_dict["kept"],
-                stats_dict["truncated"],
-                Counter(stats_dict["dropped"]),
-                stats_dict["problems"],
-            )
-        else:
-            records = read_records(attr)
-            if cfg.data.max_samples is not None and len(records) > cfg.data.max_samples:
-                logger.info(
-                    "dataset %s: max_samples=%d keeps the first %d of %d records",
-                    attr.name,
-                    cfg.data.max_samples,
-                    cfg.data.max_samples,
-                    len(records),
-                )
-                records = records[: cfg.data.max_samples]
-            samples, stats = _encode_records(
-                records, attr, tokenizer, template, opts, cfg.data.preprocessing_num_workers or 1
-            )
-            data_cache.store(key, attr.name, samples, stats.to_dict())
+        data, stats = load_one(cfg, attr, tokenizer, template)
         _log_stats(stats, cfg.data.cutoff_len)
-        all_samples += samples
+        parts.append(apply_num_samples(data, attr, cfg.training.seed))
         all_stats.append(stats)
-    return all_samples, all_stats
+    if not mix or len(parts) == 1:
+        return TokenizedDataset.concat(parts), all_stats
+    probs = parse_probs(cfg.data.interleave_probs, len(parts), cfg.data.mix_strategy)
+    return mix_datasets(
+        parts, [s.name for s in all_stats], cfg.data.mix_strategy, probs, cfg.training.seed
+    ), all_stats
 
 
 def check_ranking(attr: DatasetAttr, stage: str) -> None:
@@ -197,54 +291,94 @@ def check_ranking(attr: DatasetAttr, stage: str) -> None:
         )
 
 
-def _no_valid_samples(stats: list[DatasetStats]) -> DataError:
-    lines = ["no trainable record in the training data. Breakdown:"]
+def no_valid_samples(stats: list[DatasetStats]) -> DataError:
+    lines = ["no trainable record in the training data. Breakdown (kept / dropped by reason):"]
     for s in stats:
-        lines.append(
-            f"  {s.name}: {s.records} records, all dropped: "
-            + ", ".join(f"{n} x {r}" for r, n in s.dropped.most_common())
-        )
+        lines.append(f"  {s.name}: {s.records} records, {s.kept} kept, dropped: {format_dropped(s)}")
         for p in s.problems[:5]:
-            lines.append(
-                f"    {p['file']} {p['position']}"
-                + (f", field {p['field']}" if p["field"] else "")
-                + f": {p['reason']}"
-            )
+            lines.append(f"    {format_problem(p)}")
+        if len(s.problems) > 5:
+            lines.append(f"    ... and {len(s.problems) - 5} more")
     lines.append(
-        "Fix the records or the `columns`/`tags` mapping in dataset_info.json; `lmstack check` lists all."
+        "Fix the records or the `columns`/`tags` mapping in dataset_info.json; "
+        "`lmstack check <config>` lists every problem."
     )
     return DataError("\n".join(lines))
 
 
-def split_validation(samples: list[dict], val_size: float, seed: int) -> tuple[list[dict], list[dict]]:
+_no_valid_samples = no_valid_samples  # the name the vertical slice used
+
+
+def split_validation(
+    data: TokenizedDataset, val_size: float, seed: int
+) -> tuple[TokenizedDataset, TokenizedDataset | None]:
     if val_size <= 0:
-        return samples, []
-    count = int(val_size) if val_size >= 1 else max(1, round(len(samples) * val_size))
-    if count >= len(samples):
-        raise DataError(f"val_size: {val_size} leaves no training record (only {len(samples)} records)")
-    order = list(range(len(samples)))
-    random.Random(seed).shuffle(order)
-    val_idx = set(order[:count])
-    return [s for i, s in enumerate(samples) if i not in val_idx], [samples[i] for i in sorted(val_idx)]
+        return data, None
+    count = int(val_size) if val_size >= 1 else max(1, round(len(data) * val_size))
+    if count >= len(data):
+        raise DataError(f"val_size: {val_size} leaves no training record (only {len(data)} records)")
+    order = np.random.default_rng(seed).permutation(len(data))
+    return data.select(np.sort(order[count:])), data.select(np.sort(order[:count]))
+
+
+def check_data_args(cfg: Config) -> None:
+    """Field combinations that cannot work; raised before anything is tokenized."""
+    d = cfg.data
+    if d.streaming and d.tokenized_path:
+        raise ConfigError(
+            "tokenized_path: not available with streaming: true (nothing is tokenized up front)"
+        )
+    if d.streaming and cfg.training.max_steps <= 0:
+        raise ConfigError(
+            "max_steps: streaming: true needs max_steps > 0 (a stream has no length, so the number of "
+            "epochs cannot be turned into steps); set max_steps"
+        )
+    if d.eval_dataset and d.val_size > 0:
+        raise ConfigError("val_size and eval_dataset: set only one of them")
+    if d.interleave_probs is not None and d.mix_strategy == "concat":
+        logger.warning("interleave_probs has no effect with mix_strategy: concat")
 
 
 def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:
     if not cfg.data.dataset:
         raise DataError("dataset: required for training; name one or more datasets from dataset_info.json")
+    check_data_args(cfg)
+    if cfg.data.streaming:
+        from lmstack.data.streaming import build_streaming
+
+        return build_streaming(cfg, tokenizer, template)
+    if cfg.data.tokenized_path:
+        from lmstack.data import saved
+
+        hit = saved.load_saved(cfg.data.tokenized_path)
+        if hit is not None:
+            return DataBundle(hit[0], hit[1], [DatasetStats.from_dict(d) for d in hit[2]])
     train, stats = load_split(cfg, cfg.data.dataset, "dataset", tokenizer, template)
-    if not train:
-        raise _no_valid_samples(stats)
-    evals: list[dict] = []
+    if len(train) == 0:
+        raise no_valid_samples(stats)
+    evals: TokenizedDataset | None = None
     if cfg.data.eval_dataset:
-        if cfg.data.val_size > 0:
-            raise DataError("val_size and eval_dataset: set only one of them")
-        evals, eval_stats = load_split(cfg, cfg.data.eval_dataset, "eval_dataset", tokenizer, template)
+        evals, eval_stats = load_split(
+            cfg, cfg.data.eval_dataset, "eval_dataset", tokenizer, template, mix=False
+        )
         stats += eval_stats
+        evals = evals if len(evals) else None
     else:
         train, evals = split_validation(train, cfg.data.val_size, cfg.training.seed)
-    pad_id = tokenizer.pad_token_id
-    return DataBundle(
-        TokenizedDataset.from_samples(train, pad_id),
-        TokenizedDataset.from_samples(evals, pad_id) if evals else None,
-        stats,
+    logger.info(
+        "training data: %d samples, %d trainable tokens%s",
+        len(train),
+        train.trainable_tokens(),
+        f"; evaluation: {len(evals)} samples" if evals is not None else "",
     )
+    if cfg.data.tokenized_path and _is_main_process():
+        from lmstack.data import saved
+
+        saved.save(cfg.data.tokenized_path, train, evals, [st.to_dict() for st in stats])
+    return DataBundle(train, evals, stats)
+
+
+def _is_main_process() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"

@@ -126,7 +126,18 @@ def _parse_entry(name: str, entry: dict, registry: Path) -> DatasetAttr:
         key = sorted(bad)[0]
         raise DataError(f"{where}: columns: unknown key {key!r}{did_you_mean(key, COLUMN_DEFAULTS)}")
     tags = dict(OPENAI_TAGS if formatting == "openai" else TAG_DEFAULTS)
+    bad_tags = set(entry.get("tags") or {}) - set(TAG_DEFAULTS)
+    if bad_tags:
+        key = sorted(bad_tags)[0]
+        raise DataError(f"{where}: tags: unknown key {key!r}{did_you_mean(key, TAG_DEFAULTS)}")
     tags.update(entry.get("tags") or {})
+    num_samples = entry.get("num_samples")
+    if num_samples is not None and (
+        isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples <= 0
+    ):
+        raise DataError(f"{where}: num_samples: got {num_samples!r}; expected a positive whole number")
+    if not isinstance(entry.get("ranking", False), bool):
+        raise DataError(f"{where}: ranking: got {entry['ranking']!r}; expected true or false")
     return DatasetAttr(
         name=name,
         load_from=load_from,
@@ -136,7 +147,7 @@ def _parse_entry(name: str, entry: dict, registry: Path) -> DatasetAttr:
         subset=entry.get("subset"),
         split=entry.get("split", "train"),
         folder=entry.get("folder"),
-        num_samples=entry.get("num_samples"),
+        num_samples=num_samples,
         columns=columns,
         tags=tags,
     )

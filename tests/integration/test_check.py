@@ -1,0 +1,170 @@
+"""`lmstack check` end to end (CLI, report file, --strict/--json, no model weights) and `train`
+on malformed data: check and train report the same problems the same way."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lmstack.cli.main import main
+from lmstack.config.errors import DataError
+from lmstack.data.validate import format_report
+from lmstack.train.run import train
+
+REPO = Path(__file__).resolve().parents[2]
+BAD_DIR = REPO / "tests" / "fixtures" / "bad_data"
+MIX = "good_alpaca,bad_alpaca,bad_sharegpt,bad_openai"
+
+
+def write_cfg(tmp_path: Path, cfg: dict) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture
+def weightless_model(tiny_model, tmp_path) -> Path:
+    """The tiny model's tokenizer files only: check must never need the weights."""
+    dst = tmp_path / "tokenizer_only"
+    shutil.copytree(tiny_model, dst)
+    for weights in dst.glob("*.safetensors"):
+        weights.unlink()
+    return dst
+
+
+def test_check_lists_every_problem_and_writes_the_report(base_cfg, weightless_model, tmp_path, capsys):
+    cfg = {
+        **base_cfg,
+        "model_name_or_path": str(weightless_model),
+        "dataset": MIX,
+        "dataset_dir": str(BAD_DIR),
+    }
+    path = write_cfg(tmp_path, cfg)
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "bad_alpaca (dataset): 11 records, 2 kept, 9 dropped" in out
+    assert "2 x missing field" in out and "1 x image without placeholder" in out
+    assert "bad_sharegpt.jsonl line 2: bad JSON line" in out
+    assert "bad_sharegpt.jsonl line 3, field conversations[1].from: unknown role: 'bot'" in out
+    assert "bad_openai.json record 6, field messages[4]: wrong role order" in out
+    assert "bad_alpaca.json record 6, field images: image without placeholder: 1 images but 0 <image>" in out
+    for part in ("prompt tokens", "response tokens", "total tokens"):
+        assert part in out
+    assert "p50" in out and "p95" in out and "max" in out
+    assert "«" in out and "\033[" not in out  # not a tty: brackets, no colour codes
+    report_path = Path(cfg["output_dir"]) / "data_report.json"
+    assert f"report written to {report_path}" in out
+    report = json.loads(report_path.read_text())
+    assert report["totals"]["problems"] == 9 + 10 + 8
+    assert main(["check", str(path), "--strict"]) == 1
+    capsys.readouterr()
+    assert main(["check", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["totals"] == report["totals"]
+
+
+def test_check_clean_data_strict_passes_and_shows_the_trained_tokens(base_cfg, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = {k: v for k, v in base_cfg.items() if k != "output_dir"}  # no output_dir: report in cwd
+    cfg.update(dataset="identity", cutoff_len=1024)
+    path = write_cfg(tmp_path, cfg)
+    assert main(["check", str(path), "--strict"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "data_report.json").read_text())
+    (entry,) = report["datasets"]
+    assert entry["kept"] == entry["records"] == 20 and entry["problems"] == [] and entry["truncated"] == 0
+    assert entry["trainable_tokens"] > 0
+    lengths = entry["lengths"]
+    assert 0 < lengths["response"]["p50"] <= lengths["response"]["p95"] <= lengths["response"]["max"]
+    assert lengths["total"]["max"] <= lengths["prompt"]["max"] + lengths["response"]["max"]
+    trained = [s["text"] for s in report["example"] if s["trained"]]
+    first_answer = json.loads((REPO / "data" / "identity.json").read_text())[0]["output"]
+    assert trained == [first_answer + "<|im_end|>\n"]
+    assert f"«{first_answer}<|im_end|>\n»" in out
+    assert "<|im_start|>assistant\n«" in out  # the prompt (with its template markup) is not trained
+    coloured = format_report(report, color=True)
+    assert f"\033[1;32m{first_answer}<|im_end|>\n\033[0m" in coloured and "«" not in coloured
+
+
+def test_check_reports_truncation(base_cfg, tmp_path):
+    from lmstack.cli.check import run_check
+
+    report, _ = run_check(None, {**base_cfg, "dataset": "alpaca_en_demo", "cutoff_len": 32})
+    (entry,) = report["datasets"]
+    assert entry["truncated"] > 0 and entry["lengths"]["total"]["max"] > 32
+
+
+def expected_problems(file_name: str) -> set[str]:
+    """`<file> <position>[, field <path>]: <kind>` for each bad record (the fixtures' `_expect` keys)."""
+    path, out = BAD_DIR / file_name, set()
+    if path.suffix == ".jsonl":
+        items = []
+        for n, line in enumerate(path.read_text().splitlines(), start=1):
+            try:
+                items.append((f"line {n}", json.loads(line)))
+            except json.JSONDecodeError:
+                out.add(f"{path} line {n}: bad JSON line")
+    else:
+        items = [(f"record {i}", r) for i, r in enumerate(json.loads(path.read_text()))]
+    for pos, rec in items:
+        if not isinstance(rec, dict):
+            out.add(f"{path} {pos}, field <record>: wrong type")
+        elif "_expect" in rec:
+            field = f", field {rec['_expect']['field']}" if rec["_expect"]["field"] else ""
+            out.add(f"{path} {pos}{field}: {rec['_expect']['kind']}")
+    return out
+
+
+def test_train_drops_bad_records_and_logs_the_same_reasons_as_check(base_cfg, tmp_path, caplog):
+    cfg = {**base_cfg, "dataset": MIX, "dataset_dir": str(BAD_DIR), "max_steps": 2}
+    with caplog.at_level(logging.INFO):
+        train(None, cfg)
+    log = "\n".join(r.getMessage() for r in caplog.records)
+    assert "dataset good_alpaca: 6 records, 6 kept, 0 dropped (none)" in log
+    assert "dataset bad_alpaca: 11 records, 2 kept, 9 dropped (" in log
+    assert "dataset bad_sharegpt: 12 records, 2 kept, 10 dropped (" in log
+    assert "dataset bad_openai: 9 records, 1 kept, 8 dropped (" in log
+    assert "1 x bad JSON line" in log and "2 x unknown role" not in log
+    assert "bad_openai.json record 6, field messages[4]: wrong role order" in log
+    assert (Path(cfg["output_dir"]) / "adapter_model.safetensors").is_file()
+    logged = {  # every problem line of the log, cut after its kind
+        r.getMessage().strip().split(": ")[0] + ": " + r.getMessage().strip().split(": ")[1]
+        for r in caplog.records
+        if r.levelname == "WARNING" and str(BAD_DIR) in r.getMessage()
+    }
+    expected = set().union(
+        *(expected_problems(f) for f in ("bad_alpaca.json", "bad_sharegpt.jsonl", "bad_openai.json"))
+    )
+    assert logged == expected
+
+
+def test_train_on_all_bad_data_fails_before_the_model_loads(base_cfg, monkeypatch):
+    import lmstack.train.sft as sft
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model must not load when no record is valid")
+
+    monkeypatch.setattr(sft, "load_model", no_model)
+    with pytest.raises(DataError) as err:
+        train(None, {**base_cfg, "dataset": "all_bad", "dataset_dir": str(BAD_DIR)})
+    msg = str(err.value)
+    assert "all_bad: 3 records, 0 kept, dropped: 1 x missing field, 1 x empty response, 1 x wrong type" in msg
+    assert "all_bad.json record 2, field output: wrong type: must be a string, got int" in msg
+
+
+def test_streaming_train_runs(base_cfg, caplog):
+    cfg = {
+        **base_cfg,
+        "dataset": "identity,alpaca_en_demo",
+        "streaming": True,
+        "max_steps": 3,
+        "buffer_size": 16,
+    }
+    with caplog.at_level(logging.INFO):
+        metrics = train(None, cfg)
+    assert metrics["train_loss"] > 0
+    assert any("tokenized while training" in r.getMessage() for r in caplog.records)
