@@ -1,0 +1,67 @@
+"""`lmstack chat cfg.yaml [key=value ...]`: terminal chat with the base (+ adapters) and the
+training template; streaming output; `clear` forgets the history, `exit` quits."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+WELCOME = "Welcome to lmstack chat. Type `clear` to forget the history, `exit` to quit."
+
+
+def chat_loop(session, read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> None:
+    """Read a line, stream the reply; Ctrl-C stops a reply (the turn is dropped), Ctrl-D quits."""
+    print(WELCOME, file=out, flush=True)
+    while True:
+        try:
+            query = read("\nUser: ")
+        except UnicodeDecodeError:
+            print("could not decode the input; set the terminal encoding to UTF-8", file=out, flush=True)
+            continue
+        except EOFError:
+            print(file=out)
+            return
+        command = query.strip()
+        if command == "exit":
+            return
+        if command == "clear":
+            session.clear()
+            print("History has been removed.", file=out, flush=True)
+            continue
+        if not command:
+            continue
+        print("Assistant: ", end="", file=out, flush=True)
+        reply = session.send(query)
+        try:
+            for piece in reply:
+                print(piece, end="", file=out, flush=True)
+        except KeyboardInterrupt:
+            reply.close()
+            print(" [stopped]", end="", file=out)
+        print(file=out, flush=True)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from lmstack.infer.engine import ChatEngine, ChatSession, load_infer_config
+
+    cfg = load_infer_config(args.config, args.overrides)
+    engine = ChatEngine.from_config(cfg)
+    chat_loop(ChatSession(engine))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "chat",
+        help="chat in the terminal with the model (+ adapters) and the training template",
+        description=(
+            "Terminal chat: streaming replies, history; `clear` forgets the history, `exit` quits. "
+            "Generation settings (do_sample, temperature, top_p, top_k, max_new_tokens, "
+            "repetition_penalty) come from the YAML."
+        ),
+    )
+    p.add_argument("config", help="YAML config (the training YAML works; output_dir is not needed)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. temperature=0.7")
+    p.set_defaults(func=cmd_chat)
