@@ -1,0 +1,232 @@
+"""DeepSpeed JSON validation, "auto" handling, the shipped templates, TORCH_CUDA_ARCH_LIST."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lmstack.config.errors import ConfigError
+from lmstack.launch import deepspeed as ds
+
+REPO = Path(__file__).resolve().parents[3]
+DS_DIR = REPO / "examples/deepspeed"
+TEMPLATES = {
+    "ds_z0_config.json": 0,
+    "ds_z1_config.json": 1,
+    "ds_z2_config.json": 2,
+    "ds_z2_offload_config.json": 2,
+    "ds_z3_config.json": 3,
+    "ds_z3_offload_config.json": 3,
+}
+
+
+@pytest.mark.parametrize("name,stage", TEMPLATES.items())
+def test_shipped_templates_validate_and_leave_batch_to_the_yaml(name, stage):
+    config = ds.load_deepspeed_config(DS_DIR / name)
+    assert ds.zero_stage(config) == stage
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        assert config[key] == "auto", key
+    assert config["gradient_clipping"] == "auto"
+    assert config["bf16"]["enabled"] == "auto" and config["fp16"]["enabled"] == "auto"
+    zero = config["zero_optimization"]
+    if stage == 3:
+        assert zero["stage3_gather_16bit_weights_on_model_save"] is True  # real weights at save
+        assert zero["reduce_bucket_size"] == "auto" and zero["stage3_prefetch_bucket_size"] == "auto"
+    offload = "offload" in name
+    assert ("offload_optimizer" in zero) == offload
+    assert ("offload_param" in zero) == (offload and stage == 3)
+
+
+def test_shipped_set_is_complete():
+    assert {p.name for p in DS_DIR.glob("*.json")} >= set(TEMPLATES)
+
+
+def _write(tmp_path: Path, config) -> Path:
+    path = tmp_path / "ds.json"
+    path.write_text(config if isinstance(config, str) else json.dumps(config))
+    return path
+
+
+def test_missing_file_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"deepspeed: .*nope.json not found; use a JSON file such as"):
+        ds.load_deepspeed_config(tmp_path / "nope.json")
+
+
+def test_invalid_json_names_line_and_column(tmp_path):
+    path = _write(tmp_path, '{\n  "zero_optimization": {"stage": 2},\n}')
+    with pytest.raises(ConfigError, match=r"not valid JSON \(line 3, column 1.*no trailing commas"):
+        ds.load_deepspeed_config(path)
+
+
+def test_top_level_typo_gets_did_you_mean(tmp_path):
+    path = _write(tmp_path, {"train_micro_batch_size_per_gpus": "auto", "zero_optimization": {"stage": 2}})
+    with pytest.raises(
+        ConfigError,
+        match=r"train_micro_batch_size_per_gpus: unknown DeepSpeed key \(did you mean "
+        r"'train_micro_batch_size_per_gpu'\?\)",
+    ):
+        ds.load_deepspeed_config(path)
+
+
+def test_zero_typo_gets_did_you_mean(tmp_path):
+    path = _write(
+        tmp_path, {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weight_on_model_save": True}}
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"zero_optimization.stage3_gather_16bit_weight_on_model_save: unknown DeepSpeed key "
+        r"\(did you mean 'stage3_gather_16bit_weights_on_model_save'\?\)",
+    ):
+        ds.load_deepspeed_config(path)
+
+
+def test_unrelated_unknown_key_is_a_warning_not_an_error(tmp_path, caplog):
+    path = _write(tmp_path, {"my_site_note": "x", "zero_optimization": {"stage": 1}})
+    assert ds.load_deepspeed_config(path)["my_site_note"] == "x"
+    assert "my_site_note: not a DeepSpeed key lmstack knows" in caplog.text
+
+
+def test_bad_stage_and_param_offload_below_stage3(tmp_path):
+    path = _write(tmp_path, {"zero_optimization": {"stage": 4}})
+    with pytest.raises(ConfigError, match=r"zero_optimization.stage: got 4; allowed: 0 \| 1 \| 2 \| 3"):
+        ds.load_deepspeed_config(path)
+    path = _write(tmp_path, {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})
+    with pytest.raises(ConfigError, match=r"offload_param: parameter offload needs stage 3"):
+        ds.load_deepspeed_config(path)
+
+
+def test_auto_where_nobody_fills_it_is_an_error(tmp_path):
+    path = _write(
+        tmp_path, {"steps_per_print": "auto", "zero_optimization": {"stage": 3, "sub_group_size": "auto"}}
+    )
+    with pytest.raises(ConfigError) as err:
+        ds.load_deepspeed_config(path)
+    assert 'steps_per_print: "auto" is not filled by anyone here' in str(err.value)
+    assert 'zero_optimization.sub_group_size: "auto"' in str(err.value)
+
+
+def test_seed_000_full_zero3_config_is_accepted_and_resolved(tmp_path):
+    """Seed 000 §2.1's production ZeRO-3 config, every key (comments removed)."""
+    config = {
+        "bf16": {"enabled": "auto"},
+        "fp16": {
+            "enabled": "auto",
+            "loss_scale": 0,
+            "loss_scale_window": 1000,
+            "initial_scale_power": 16,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        },
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"},
+        },
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": "auto",
+                "warmup_max_lr": "auto",
+                "warmup_num_steps": "auto",
+                "total_num_steps": "auto",
+            },
+        },
+        "zero_optimization": {
+            "stage": 3,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "offload_param": {"device": "cpu", "pin_memory": True},
+            "overlap_comm": True,
+            "contiguous_gradients": True,
+            "sub_group_size": 1e9,
+            "reduce_bucket_size": "auto",
+            "stage3_prefetch_bucket_size": "auto",
+            "stage3_param_persistence_threshold": "auto",
+            "stage3_max_live_parameters": 1e9,
+            "stage3_max_reuse_distance": 1e9,
+            "stage3_gather_16bit_weights_on_model_save": True,
+        },
+        "train_batch_size": "auto",
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "activation_checkpointing": {
+            "partition_activations": True,
+            "cpu_checkpointing": False,
+            "contiguous_memory_optimization": False,
+            "number_checkpoints": None,
+            "synchronize_checkpoint_boundary": False,
+            "profile": False,
+        },
+        "steps_per_print": 10,
+        "wall_clock_breakdown": False,
+        "communication_data_type": "auto",
+    }
+    loaded = ds.load_deepspeed_config(_write(tmp_path, config))
+    assert ds.resolve_config(loaded, bf16=True, fp16=False)["communication_data_type"] == "bf16"
+    assert ds.resolve_config(loaded, bf16=False, fp16=True)["communication_data_type"] == "fp16"
+    assert ds.resolve_config(loaded, bf16=False, fp16=False)["communication_data_type"] == "fp32"
+    assert loaded["communication_data_type"] == "auto"  # resolve_config does not modify its input
+
+
+def test_trainer_fills_auto_from_the_yaml(base_cfg):
+    """The Trainer integration fills batch, accumulation, clipping and precision from the YAML."""
+    pytest.importorskip("deepspeed")
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    from lmstack.config.load import build_config
+    from lmstack.launch.prepare import deepspeed_for_trainer
+    from lmstack.train.common import training_arguments
+
+    cfg = build_config(
+        {
+            **base_cfg,
+            "deepspeed": str(DS_DIR / "ds_z2_config.json"),
+            "gradient_accumulation_steps": 3,
+            "max_grad_norm": 0.5,
+        }
+    )
+    args = training_arguments(cfg, "cpu")
+    assert isinstance(args.hf_deepspeed_config, HfTrainerDeepSpeedConfig)
+    filled = args.hf_deepspeed_config.config
+    assert filled["train_micro_batch_size_per_gpu"] == 4 and filled["gradient_accumulation_steps"] == 3
+    assert (
+        filled["gradient_clipping"] == 0.5 and deepspeed_for_trainer(cfg)["zero_optimization"]["stage"] == 2
+    )
+
+
+def test_train_without_deepspeed_package_names_the_install(base_cfg, monkeypatch):
+    from types import SimpleNamespace
+
+    from lmstack.train.run import train
+
+    # as if deepspeed were not installed, seen by lmstack's check only
+    monkeypatch.setattr(ds, "importlib", SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None)))
+    with pytest.raises(
+        ConfigError, match=r"deepspeed: the `deepspeed` package is not installed; pip install deepspeed"
+    ):
+        train(None, {**base_cfg, "deepspeed": str(DS_DIR / "ds_z2_config.json")})
+
+
+@pytest.mark.parametrize(
+    "raw,fixed",
+    [
+        ("9.0a", "9.0"),
+        ("8.0;9.0a", "8.0;9.0"),
+        ("9.0a 10.0a+PTX", "9.0;10.0+PTX"),
+        ("9.0;9.0a", "9.0"),
+        ("10.0f", "10.0"),
+    ],
+)
+def test_arch_list_suffixes_are_normalised(raw, fixed):
+    env = {"TORCH_CUDA_ARCH_LIST": raw}
+    note = ds.normalize_arch_list(env)
+    assert env["TORCH_CUDA_ARCH_LIST"] == fixed
+    assert note and repr(raw) in note and repr(fixed) in note
+
+
+@pytest.mark.parametrize("raw", ["9.0", "8.0;9.0+PTX", "8.0 9.0"])
+def test_clean_arch_lists_are_left_alone(raw):
+    env = {"TORCH_CUDA_ARCH_LIST": raw}
+    assert ds.normalize_arch_list(env) is None and env["TORCH_CUDA_ARCH_LIST"] == raw
+    assert ds.normalize_arch_list({}) is None

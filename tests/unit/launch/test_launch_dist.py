@@ -1,0 +1,68 @@
+"""The bounded wait for the main process (data tokenized once): 2 gloo processes on CPU."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch.multiprocessing as mp
+
+
+def _worker(rank: int, port: int, flat: dict, main_sleep: float, results) -> None:
+    import torch.distributed as dist
+
+    from lmstack.config.errors import LmstackError
+    from lmstack.config.load import build_config
+    from lmstack.launch import dist as ldist
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    cfg = build_config(flat)
+    ldist.init_process_group(cfg)
+    group = ldist.barrier_group(cfg)
+    if rank == 0:
+        time.sleep(main_sleep)  # the "tokenizing" main process
+    start = time.monotonic()
+    try:
+        ldist.wait_for_main(cfg, group, "tokenizing the datasets")
+        results[rank] = ("ok", time.monotonic() - start)
+    except LmstackError as err:
+        results[rank] = (str(err), time.monotonic() - start)
+    except RuntimeError as err:  # rank 0 sees its peer give up
+        results[rank] = (f"runtime: {err}", time.monotonic() - start)
+    finally:
+        if rank != 0 or results[rank][0] == "ok":
+            dist.destroy_process_group()
+
+
+def _run(base_cfg: dict, timeout_s: int, main_sleep: float) -> dict:
+    from lmstack.launch.torchrun import free_port
+
+    flat = {**base_cfg, "ddp_timeout": timeout_s, "use_cpu": True}
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        results = manager.dict()
+        port = free_port()
+        procs = [ctx.Process(target=_worker, args=(r, port, flat, main_sleep, results)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        return dict(results)
+
+
+def test_ranks_wait_for_the_main_process(base_cfg):
+    results = _run(base_cfg, timeout_s=30, main_sleep=1.5)
+    assert results[1][0] == "ok" and results[1][1] >= 1.0  # rank 1 really waited for rank 0
+    assert results[0][0] == "ok"
+
+
+def test_wait_is_bounded_by_ddp_timeout_with_a_clear_message(base_cfg):
+    results = _run(base_cfg, timeout_s=2, main_sleep=6)
+    message, waited = results[1]
+    assert "rank 1: waited ddp_timeout=2 s for the main process (tokenizing the datasets)" in message
+    assert "raise ddp_timeout" in message
+    assert waited < 5
