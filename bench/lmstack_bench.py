@@ -1,0 +1,434 @@
+"""Side-by-side throughput benchmark: LLaMA-Factory's best config (team kit, bench/lf/lf_run.py) and
+lmstack's real `train` path on the same assets, one subprocess per run, one JSON line per run.
+
+    python3 bench/lmstack_bench.py all --assets /tmp/assets --set default --budget 540
+        runs the set, appends to bench/results/speed.jsonl (and $OUT/speed.jsonl when OUT is set)
+    python3 bench/lmstack_bench.py lmstack-one NAME CONFIG_JSON     (internal: one lmstack run)
+
+Steady state = real (non-padding) tokens between the end of step WARMUP and the end of training over
+the wall time between those points (CUDA-synchronised), exactly as the kit measures LLaMA-Factory.
+Environments: LLaMA-Factory runs with PYTHONPATH=/tmp/site (its pinned wheels), lmstack with
+PYTHONPATH=/tmp/site_lm:<repo>/src (the machine's transformers/torch/peft + pydantic + liger).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WARMUP = 10
+PROFILE_STEPS = 2  # lmstack runs: the last steps are profiled (after the timed window)
+LF_SITE = "/tmp/site"
+LM_SITE = "/tmp/site_lm"
+
+# ---- run definitions ------------------------------------------------------------------------------
+COMMON = dict(
+    template="qwen", stage="sft", do_train=True, dataset="synth", cutoff_len=2048, max_samples=3000,
+    preprocessing_num_workers=8, logging_steps=10, save_strategy="no", overwrite_output_dir=True,
+    learning_rate=1e-4, lr_scheduler_type="cosine", warmup_ratio=0.05, bf16=True, report_to="none",
+    seed=42, overwrite_cache=True,
+)  # fmt: skip
+LF_EXTRA = dict(include_effective_tokens_per_second=True, flash_attn="sdpa")
+LF_BEST = dict(
+    packing=True, enable_liger_kernel=True
+)  # LF's fastest settings (its packing attends across samples)
+LORA = dict(finetuning_type="lora", lora_target="all", lora_rank=8, lora_alpha=16)
+FULL = dict(finetuning_type="full")
+# lmstack: contamination-free packing (flex_attention BlockMask on CUDA via flash_attn: auto), fused
+# linear CE (Liger), bf16 LoRA adapters, checkpointing decided by the planner, large token batches.
+LM_BEST = dict(
+    packing=True, enable_liger_kernel=True, flash_attn="auto", gradient_checkpointing="auto",
+    optim="adamw_torch_fused", disable_tqdm=True, dataloader_num_workers=2,
+    overwrite_cache=False,  # lmstack's tokenized cache is keyed on data + tokenizer + options: runs share it
+)  # fmt: skip
+NO_LIGER = {"enable_liger_kernel": False}  # fallback: lmstack's own chunked linear CE
+
+
+@dataclass
+class Run:
+    system: str  # "llamafactory" | "lmstack"
+    name: str
+    arch: str
+    method: str
+    cfg: dict
+    timeout: int
+    fallbacks: list[dict] = field(default_factory=list)
+
+
+def runs(set_name: str) -> list[Run]:
+    lf = lambda extra, steps: {**COMMON, **LF_EXTRA, **LF_BEST, **extra, "per_device_train_batch_size": 4,  # noqa: E731
+                               "max_steps": steps}  # fmt: skip
+    lm = lambda extra, bs, steps: {**COMMON, **LM_BEST, **extra, "per_device_train_batch_size": bs,  # noqa: E731
+                                   "max_steps": steps}  # fmt: skip
+    small = [
+        Run("llamafactory", "lf_0.5b_full_pack_liger", "qwen2.5-0.5b", "full", lf(FULL, 60), 150),
+        Run("lmstack", "lmstack_0.5b_full", "qwen2.5-0.5b", "full", lm(FULL, 32, 32), 180, [NO_LIGER]),
+        Run("llamafactory", "lf_0.5b_lora_pack_liger", "qwen2.5-0.5b", "lora", lf(LORA, 60), 150),
+        Run("lmstack", "lmstack_0.5b_lora", "qwen2.5-0.5b", "lora", lm(LORA, 32, 32), 180, [NO_LIGER]),
+    ]
+    big = [
+        Run("llamafactory", "lf_7b_lora_pack_liger", "qwen2.5-7b", "lora", lf(LORA, 30), 180),
+        Run("lmstack", "lmstack_7b_lora", "qwen2.5-7b", "lora", lm(LORA, 4, 22), 200, [NO_LIGER]),
+    ]
+    short = {"cutoff_len": 512, "max_samples": 400}  # smoke: a quick end-to-end check of both paths
+    smoke = [
+        Run("llamafactory", "lf_smoke", "qwen2.5-0.5b", "full", {**lf(FULL, 12), **short}, 120),
+        Run(
+            "lmstack", "lmstack_smoke", "qwen2.5-0.5b", "full", {**lm(FULL, 4, 12), **short}, 150, [NO_LIGER]
+        ),
+    ]
+    sets = {
+        "default": small + big,
+        "small": small,
+        "big": big,
+        "lmstack": [r for r in small + big if r.system == "lmstack"],
+        "smoke": smoke,
+        # optional experiment: the Trainer's torch_compile on top of the best lmstack settings
+        "compile": [
+            Run(
+                "lmstack",
+                "lmstack_0.5b_full_compile",
+                "qwen2.5-0.5b",
+                "full",
+                {**lm(FULL, 32, 32), "torch_compile": True},
+                300,
+            ),
+        ],  # fmt: skip
+    }
+    return sets[set_name]
+
+
+# ---- one lmstack run (subprocess) ----------------------------------------------------------------
+def lmstack_one(name: str, cfg: dict) -> None:
+    import torch
+    from transformers import TrainerCallback
+
+    notes: list[str] = []
+
+    class Notes(logging.Handler):
+        KEYS = (
+            "packing:",
+            "liger",
+            "chunked",
+            "gradient_checkpointing:",
+            "loaded ",
+            "LoRA adapters",
+            "fused",
+        )
+
+        def emit(self, record):
+            msg = record.getMessage()
+            if any(k in msg for k in self.KEYS):
+                notes.append(msg[:300])
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("lmstack").addHandler(Notes())
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    last = int(cfg.get("max_steps", 0))
+    profile_from = (
+        last - PROFILE_STEPS if torch.cuda.is_available() and last > WARMUP + 2 * PROFILE_STEPS else None
+    )
+
+    class Steady(TrainerCallback):
+        """Times steps WARMUP..profile_from (or ..end), then profiles the last PROFILE_STEPS steps."""
+
+        t0 = tok0 = t1 = tok1 = prof = None
+        profile: dict = {}
+
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == WARMUP:
+                sync()
+                self.t0, self.tok0 = time.perf_counter(), state.num_input_tokens_seen
+            if state.global_step == profile_from:
+                sync()
+                self.t1, self.tok1 = time.perf_counter(), state.num_input_tokens_seen
+                self.prof = start_profile()
+
+        def on_train_end(self, args, state, control, **kw):
+            sync()
+            if self.t1 is None:
+                self.t1, self.tok1 = time.perf_counter(), state.num_input_tokens_seen
+            if self.prof is not None:
+                self.profile = stop_profile(self.prof, self.t1)
+
+    import lmstack.train.common as common
+    from lmstack.train.run import train
+
+    steady = Steady()
+    make_callbacks = common.make_callbacks
+    common.make_callbacks = lambda c: make_callbacks(c) + [steady]  # the real stage, plus a timer
+    start = time.time()
+    metrics = train(None, cfg)
+    wall = time.time() - start
+    cuda = torch.cuda.is_available()
+    rate = (steady.tok1 - steady.tok0) / (steady.t1 - steady.t0) if steady.t0 else None
+    print(
+        "RESULT",
+        json.dumps(
+            {
+                "name": name,
+                "wall_s": round(wall, 1),
+                "steady_tokens_per_sec": round(rate) if rate else None,
+                "steady_tokens": steady.tok1 - steady.tok0 if steady.t0 else None,
+                "train_loss": metrics.get("train_loss"),
+                "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+                "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2) if cuda else None,
+                "notes": notes,
+                "profile": steady.profile,
+            }
+        ),
+        flush=True,
+    )
+
+
+def start_profile():
+    import torch
+
+    try:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        prof.start()
+        return prof
+    except Exception as err:  # noqa: BLE001 - profiling is optional; the timing stands without it
+        print("profiler not started:", err, flush=True)
+        return None
+
+
+KERNEL_GROUPS = (  # first match wins; names of cuBLAS/CUTLASS/Triton/Liger/flex kernels
+    ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "matmul")),
+    ("attention (flex/sdpa)", ("flex", "attention", "fmha", "flash", "triton_tem")),
+    ("cross-entropy / lm_head", ("cross_entropy", "fused_linear", "liger_cross", "logsumexp", "_ce_")),
+    ("norm / rope / swiglu", ("rms_norm", "rmsnorm", "rope", "swiglu", "silu")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("copies / casts", ("copy", "cast", "to_copy", "memcpy", "memset", "fill")),
+)
+
+
+def stop_profile(prof, t_start: float) -> dict:
+    """Share of GPU kernel time by kind, the top kernels, and how busy the GPU was."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t_start
+        prof.stop()
+        rows = []
+        for ev in prof.key_averages():
+            t = getattr(ev, "self_device_time_total", None)
+            if t is None:
+                t = getattr(ev, "self_cuda_time_total", 0)
+            if t and t > 0:
+                rows.append((ev.key, t / 1e6))
+        busy = sum(t for _, t in rows)
+        total = busy or 1.0
+        groups: dict[str, float] = {}
+        for key, t in rows:
+            low = key.lower()
+            kind = next((g for g, pats in KERNEL_GROUPS if any(p in low for p in pats)), "other elementwise")
+            groups[kind] = groups.get(kind, 0.0) + t
+        rows.sort(key=lambda r: -r[1])
+        return {
+            "steps": PROFILE_STEPS,
+            "wall_s": round(wall, 3),
+            "kernel_s": round(busy, 3),
+            "gpu_busy": round(busy / wall, 3) if wall else None,
+            "by_kind": {k: round(v / total, 3) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])},
+            "top": [[k[:90], round(t / total, 3)] for k, t in rows[:15]],
+        }
+    except Exception as err:  # noqa: BLE001
+        return {"error": str(err)[:300]}
+
+
+# ---- orchestration -------------------------------------------------------------------------------
+def _env(system: str) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", DISABLE_VERSION_CHECK="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONHASHSEED="0")  # fmt: skip
+    env["PYTHONPATH"] = LF_SITE if system == "llamafactory" else f"{LM_SITE}:{REPO / 'src'}"
+    return env
+
+
+def versions(system: str) -> dict:
+    names = ["torch", "transformers", "peft", "accelerate", "liger_kernel", "triton"]
+    names += ["llamafactory"] if system == "llamafactory" else ["pydantic"]
+    code = (
+        "import json, importlib.metadata as m\nout = {}\n"
+        f"for n in {names!r}:\n"
+        "    try: out[n] = m.version(n.replace('_', '-'))\n"
+        "    except Exception: out[n] = None\n"
+        "print(json.dumps(out))"
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=_env(system), capture_output=True, text=True, timeout=60
+        )
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        out = {}
+    if system == "lmstack":
+        try:
+            commit = subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+            )
+            out["lmstack_commit"] = commit.stdout.strip() or None
+        except OSError:
+            out["lmstack_commit"] = None
+    return out
+
+
+def gpu_name() -> str:
+    try:
+        proc = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        return proc.stdout.strip().splitlines()[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
+def last_logged_loss(output_dir: Path) -> tuple[float | None, int | None]:
+    path = output_dir / "trainer_log.jsonl"
+    if not path.is_file():
+        return None, None
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if r.get("loss") is not None]
+    return (rows[-1]["loss"], rows[-1].get("current_steps")) if rows else (None, None)
+
+
+def execute(run: Run, cfg: dict, timeout: float, log_path: Path) -> tuple[int, dict | None]:
+    if run.system == "llamafactory":
+        cmd = [sys.executable, str(REPO / "bench/lf/lf_run.py"), json.dumps(cfg), run.name]
+    else:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "lmstack-one", run.name, json.dumps(cfg)]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            cmd, env=_env(run.system), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # end the run's own process group (data-loader workers too)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = 124
+            log.write(f"\nTIMEOUT after {timeout:.0f}s\n")
+    result = None
+    for line in log_path.read_text(errors="replace").splitlines():
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT ") :])
+    return rc, result
+
+
+def run_all(args: argparse.Namespace) -> None:
+    deadline = time.time() + args.budget
+    run_id = args.run_id or dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    logs = Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    results = REPO / "bench/results/speed.jsonl"
+    results.parent.mkdir(parents=True, exist_ok=True)
+    gpu = gpu_name()
+    vers = {s: versions(s) for s in ("llamafactory", "lmstack")}
+    print("versions", json.dumps(vers), flush=True)
+    for run in runs(args.set):
+        base = {
+            **run.cfg,
+            "model_name_or_path": f"{args.assets}/{run.arch}",
+            "dataset_dir": f"{args.assets}/data",
+        }
+        line = {"system": run.system, "model": run.arch, "method": run.method, "run_id": run_id, "name": run.name,
+                "gpu": gpu, "versions": vers[run.system]}  # fmt: skip
+        attempts = [base] + [{**base, **fb} for fb in run.fallbacks]
+        for i, cfg in enumerate(attempts):
+            left = deadline - time.time()
+            if left < 60:
+                line.update(status="skipped", reason=f"budget: {left:.0f}s left")
+                break
+            cfg = {**cfg, "output_dir": f"/tmp/out/{run.name}_{i}"}
+            log_path = logs / f"{run.name}{'' if i == 0 else f'_fallback{i}'}.log"
+            t = time.time()
+            rc, res = execute(run, cfg, min(run.timeout, left), log_path)
+            loss, loss_step = last_logged_loss(Path(cfg["output_dir"]))
+            settings = {
+                k: v
+                for k, v in cfg.items()
+                if k not in COMMON and k not in ("model_name_or_path", "dataset_dir")
+            }
+            line.update(status="ok" if res and res.get("steady_tokens_per_sec") else "failed", rc=rc,
+                        elapsed_s=round(time.time() - t, 1), settings=settings, fallback=i > 0,
+                        loss_after_steps=loss, loss_step=loss_step)  # fmt: skip
+            if res:
+                line.update({k: v for k, v in res.items() if k != "name"})
+            if line["status"] == "ok":
+                break
+            tail = log_path.read_text(errors="replace").splitlines()[-15:]
+            line["error_tail"] = tail
+        line.setdefault("steady_tokens_per_sec", None)
+        line.setdefault("peak_alloc_gib", None)
+        line.setdefault("loss_after_steps", None)
+        line["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        text = json.dumps(line)
+        print("LINE", text, flush=True)
+        with results.open("a") as fh:
+            fh.write(text + "\n")
+        if out_dir is not None:  # what comes back from the GPU machine, refreshed after every run
+            with (out_dir / "speed.jsonl").open("a") as fh:
+                fh.write(text + "\n")
+            with tarfile.open(out_dir / "bench_logs.tar.gz", "w:gz") as tar:
+                tar.add(logs, arcname=logs.name)
+    summarize(results, run_id)
+
+
+def summarize(results: Path, run_id: str) -> None:
+    rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if r.get("run_id") == run_id]
+    by = {(r["system"], r["model"], r["method"]): r for r in rows}
+    print(f"\nrun {run_id}: steady tokens/s (real tokens), peak alloc GiB")
+    for (system, model, method), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        other = by.get(("llamafactory", model, method))
+        ratio = ""
+        if (
+            system == "lmstack"
+            and other
+            and other.get("steady_tokens_per_sec")
+            and r.get("steady_tokens_per_sec")
+        ):
+            ratio = f"  {r['steady_tokens_per_sec'] / other['steady_tokens_per_sec']:.2f}x LF"
+        print(f"  {system:12s} {model:13s} {method:4s} {r.get('status'):7s} {r.get('steady_tokens_per_sec')!s:>8} tok/s"
+              f"  {r.get('peak_alloc_gib')!s:>6} GiB  loss {r.get('loss_after_steps')}{ratio}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("all")
+    a.add_argument("--assets", default="/tmp/assets")
+    a.add_argument(
+        "--set", default="default", choices=["default", "small", "big", "lmstack", "smoke", "compile"]
+    )
+    a.add_argument("--budget", type=float, default=540, help="seconds for all runs together")
+    a.add_argument("--run-id", default=None)
+    a.add_argument("--logs", default="/tmp/bench_logs")
+    one = sub.add_parser("lmstack-one")
+    one.add_argument("name")
+    one.add_argument("config")
+    args = parser.parse_args()
+    if args.cmd == "all":
+        run_all(args)
+    else:
+        lmstack_one(args.name, json.loads(args.config))
+
+
+if __name__ == "__main__":
+    main()
