@@ -1,0 +1,191 @@
+"""Atomic checkpoints. A `checkpoint-N` folder counts only when its `manifest.json` (written last)
+lists every file with its size and sha256 and every file matches. Saves go to a staging folder in
+the same parent (`.checkpoint-N.staging/checkpoint-N`), are fsynced, get the manifest, then one
+rename puts them in place. Resume takes the newest checkpoint that verifies and logs every skipped
+candidate with the reason."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+FORMAT = "lmstack-checkpoint/1"
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+_STAGING = re.compile(r"^\.checkpoint-(\d+)\.(staging|replaced|deleting)$")
+
+
+def checkpoint_step(path: Path) -> int | None:
+    match = _CKPT.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def staging_root(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / f".checkpoint-{step}.staging"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (directory entries: the rename/creation itself)."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY
+    try:
+        fd = os.open(path, flags)
+    except OSError:  # some filesystems refuse to open directories; the data files are what matter
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(folder: Path, meta: dict | None = None) -> dict:
+    """fsync every file, then write manifest.json atomically (tmp + fsync + replace). Returns it."""
+    files = {}
+    for path in _files(folder):
+        fsync_path(path)
+        files[path.relative_to(folder).as_posix()] = {
+            "size": path.stat().st_size,
+            "sha256": sha256_file(path),
+        }
+    for sub in sorted({p.parent for p in _files(folder)} | {folder}, reverse=True):
+        fsync_path(sub)
+    manifest = {
+        "format": FORMAT,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **(meta or {}),
+        "files": files,
+    }
+    tmp = folder / f".{MANIFEST}.tmp"
+    with tmp.open("w") as fh:
+        json.dump(manifest, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, folder / MANIFEST)
+    fsync_path(folder)
+    return manifest
+
+
+def verify_checkpoint(folder: Path, deep: bool = True) -> str | None:
+    """None when `folder` is a complete checkpoint; otherwise the reason it is not."""
+    path = folder / MANIFEST
+    if not path.is_file():
+        return f"no {MANIFEST} (the save did not finish, or it was not written by lmstack)"
+    try:
+        manifest = json.loads(path.read_text())
+        files = manifest["files"]
+        if manifest.get("format") != FORMAT or not isinstance(files, dict) or not files:
+            raise ValueError("unknown format")
+    except (ValueError, KeyError, TypeError) as err:
+        return f"{MANIFEST} is unreadable ({err})"
+    for name, entry in files.items():
+        target = folder / name
+        if not target.is_file():
+            return f"{name} is listed in {MANIFEST} but missing"
+        size = target.stat().st_size
+        if size != entry["size"]:
+            return f"{name} has {size} bytes, {MANIFEST} says {entry['size']} (truncated or rewritten)"
+    extra = [p.relative_to(folder).as_posix() for p in _files(folder)]
+    extra = [name for name in extra if name not in files and not name.startswith(".")]
+    if extra:
+        return f"{', '.join(extra)} not listed in {MANIFEST} (added after the save)"
+    if deep:
+        for name, entry in files.items():
+            if sha256_file(folder / name) != entry["sha256"]:
+                return f"{name}: sha256 differs from {MANIFEST} (the file is corrupted)"
+    return None
+
+
+def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """checkpoint-N folders, newest (highest N) first."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    found = [p for p in out.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=lambda p: checkpoint_step(p) or 0, reverse=True)
+
+
+def select_resume_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest checkpoint that verifies (sizes and sha256); logs each skipped one and why."""
+    for folder in list_checkpoints(output_dir):
+        reason = verify_checkpoint(folder, deep=True)
+        if reason is None:
+            return folder
+        logger.warning("resume: skipping %s: %s", folder, reason)
+    return None
+
+
+def clean_staging(output_dir: str | Path) -> list[Path]:
+    """Remove folders left by saves that were killed midway (`.checkpoint-N.staging` etc.)."""
+    out = Path(output_dir)
+    removed = []
+    if out.is_dir():
+        for path in out.iterdir():
+            if path.is_dir() and _STAGING.match(path.name):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+                logger.warning("removed %s, left by a save that did not finish", path)
+    return removed
+
+
+def commit_checkpoint(staged: Path, final: Path, meta: dict | None = None) -> Path:
+    """Manifest into `staged`, then rename it to `final` (a same-named older folder is replaced)."""
+    write_manifest(staged, meta)
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.replaced"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(staged, final)
+    fsync_path(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def delete_checkpoint(folder: Path) -> None:
+    """Manifest first (so a half-deleted folder never verifies), then the rest."""
+    (folder / MANIFEST).unlink(missing_ok=True)
+    trash = folder.parent / f".{folder.name}.deleting"
+    try:
+        os.replace(folder, trash)
+    except OSError:
+        trash = folder
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def rotate_checkpoints(output_dir: str | Path, limit: int | None, keep: tuple[str, ...] = ()) -> list[Path]:
+    """Keep the newest `limit` complete checkpoints (never fewer than 1) plus `keep`; older complete
+    ones are deleted. Folders without a manifest are left alone (they are never resumed from)."""
+    if not limit:
+        return []
+    complete = [p for p in list_checkpoints(output_dir) if verify_checkpoint(p, deep=False) is None]
+    keep_paths = {Path(k).resolve() for k in keep if k}
+    deleted = []
+    for folder in complete[max(limit, 1) :]:
+        if folder.resolve() in keep_paths:
+            continue
+        delete_checkpoint(folder)
+        deleted.append(folder)
+        logger.info("save_total_limit: %d -> deleted %s", limit, folder)
+    return deleted

@@ -1,0 +1,318 @@
+"""`reliable(TrainerClass)`: the Trainer (or a TRL trainer) with
+- staged, manifest-committed checkpoints (see `checkpoint`), rotation that keeps complete ones;
+- SIGTERM/SIGINT: finish the step, all ranks agree on the stop step, save, raise `TrainingStopped`
+  (the CLI exits 128 + signal: 143 SIGTERM, 130 SIGINT); a second signal aborts at once;
+- `on_nonfinite`: abort naming the step, or skip the optimizer update (params and optimizer state
+  unchanged; the scheduler still advances) within `nonfinite_skip_budget`; NaN stays visible in logs;
+- refusal, with a clear message, of checkpoint files that are not plain tensors (torch.load is
+  weights_only in transformers; a pickle that needs code fails instead of running);
+- run_manifest.json written when training starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import pickle
+import shutil
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from lmstack.config.errors import ConfigError, LmstackError
+from lmstack.config.schema import Config
+from lmstack.reliability import NonFiniteLoss, TrainingStopped
+from lmstack.reliability.checkpoint import commit_checkpoint, rotate_checkpoints, staging_root
+
+logger = logging.getLogger(__name__)
+
+
+class StopSignals:
+    """Installs SIGTERM/SIGINT handlers that only set a flag; the second signal aborts."""
+
+    SIGNALS = ("SIGTERM", "SIGINT")
+
+    def __init__(self) -> None:
+        self.received = 0  # signal number, 0 = none
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received:
+            logger.warning("second %s: stopping now without saving", signal.Signals(signum).name)
+            self.restore()
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            os.kill(os.getpid(), signum)
+            return
+        self.received = signum
+        logger.warning(
+            "%s received: finishing the current step, saving a checkpoint, then exiting "
+            "(send it again to stop at once)",
+            signal.Signals(signum).name,
+        )
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread (e.g. the web UI runs jobs in one)
+        for name in self.SIGNALS:
+            signum = getattr(signal, name)
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+
+def _all_ranks_max(values: list[float], device: Any) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
+def _make_callback(trainer: Any) -> Any:
+    from transformers import TrainerCallback
+
+    class Reliability(TrainerCallback):
+        """Once per optimizer step, all ranks agree on (stop signal, non-finite loss)."""
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            trainer._lm_guard_optimizer()
+            signum, nonfinite = _all_ranks_max(
+                [float(trainer._lm_signals.received), float(trainer._lm_nonfinite)], args.device
+            )
+            trainer._lm_nonfinite = False
+            if signum and not trainer._lm_stop_signal:
+                trainer._lm_stop_signal = int(signum)
+            trainer._lm_skip_update = False
+            if nonfinite:
+                trainer._lm_on_nonfinite(state.global_step + 1)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if trainer._lm_stop_signal and not trainer._lm_stop_step:
+                trainer._lm_stop_step = state.global_step
+                control.should_save = True  # even with save_strategy: no, a stop request saves
+                control.should_training_stop = True
+
+    return Reliability()
+
+
+class ReliableMixin:
+    """Mixed in before a transformers/TRL Trainer class; see the module docstring."""
+
+    def __init__(self, *args: Any, lmstack_cfg: Config, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lm_cfg = lmstack_cfg
+        if lmstack_cfg.training.on_nonfinite == "skip" and lmstack_cfg.training.deepspeed:
+            raise ConfigError(
+                "on_nonfinite: skip does not work with deepspeed (its engine steps the optimizer); "
+                "use on_nonfinite: abort"
+            )
+        self._lm_signals = StopSignals()
+        self._lm_nonfinite = False
+        self._lm_last_bad_loss: float | None = None
+        self._lm_skip_update = False
+        self._lm_skipped: list[int] = []
+        self._lm_stop_signal = 0
+        self._lm_stop_step = 0
+        self._lm_staging: Path | None = None
+        self.add_callback(_make_callback(self))
+
+    # ---- train: signals + run manifest ----------------------------------------------------------
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if self.args.should_save:
+            from lmstack.reliability.manifest import write_run_manifest
+
+            write_run_manifest(self._lm_cfg, resumed_from=resume_from_checkpoint)
+        if isinstance(resume_from_checkpoint, str):
+            self._lm_check_layout(Path(resume_from_checkpoint))
+        self._lm_signals.install()
+        try:
+            result = super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            self._lm_signals.restore()
+        if self._lm_stop_signal and self.state.global_step < self.state.max_steps:
+            name = signal.Signals(self._lm_stop_signal).name
+            where = Path(self.args.output_dir) / f"checkpoint-{self._lm_stop_step}"
+            raise TrainingStopped(
+                f"stopped by {name} after step {self._lm_stop_step}; saved {where}; continue with "
+                "resume_from_checkpoint: auto",
+                exit_code=128 + self._lm_stop_signal,
+            )
+        return result
+
+    def _lm_check_layout(self, checkpoint: Path) -> None:
+        """Restores the skip count; warns when the process count differs from the checkpoint's."""
+        import json
+
+        from lmstack.reliability.checkpoint import MANIFEST
+
+        try:
+            manifest = json.loads((checkpoint / MANIFEST).read_text())
+        except (OSError, ValueError):
+            return
+        self._lm_skipped = list(manifest.get("nonfinite_skipped_steps") or [])
+        saved = manifest.get("world_size")
+        if saved is not None and saved != self.args.world_size:
+            logger.warning(
+                "resume: %s was saved by %d processes, this run has %d: model and optimizer load, but "
+                "the per-rank RNG states and the data order differ, so the run will not match an "
+                "uninterrupted one; resume with %d processes for an exact continuation",
+                checkpoint,
+                saved,
+                self.args.world_size,
+                saved,
+            )
+
+    # ---- non-finite loss ------------------------------------------------------------------------
+    def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        if not bool(torch.isfinite(loss.detach()).all()):
+            self._lm_nonfinite = True
+            self._lm_last_bad_loss = float(loss.detach().float().mean())
+        return loss
+
+    def _lm_on_nonfinite(self, step: int) -> None:
+        policy, budget = self._lm_cfg.training.on_nonfinite, self._lm_cfg.training.nonfinite_skip_budget
+        loss = self._lm_last_bad_loss
+        where = f"step {step}: the loss is {loss if loss is not None else 'non-finite'} (on another rank if not here)"
+        if policy == "abort":
+            raise NonFiniteLoss(
+                f"{where}; on_nonfinite: abort stops the run (the last checkpoint is intact). Lower "
+                "learning_rate, check the data at this step, or set on_nonfinite: skip"
+            )
+        if len(self._lm_skipped) >= budget:
+            raise NonFiniteLoss(
+                f"{where}; on_nonfinite: skip already skipped {len(self._lm_skipped)} steps "
+                f"({self._lm_skipped}), nonfinite_skip_budget: {budget} is used up"
+            )
+        self._lm_skipped.append(step)
+        self._lm_skip_update = True
+        logger.warning(
+            "%s; on_nonfinite: skip -> no parameter update this step (%d/%d skips used)",
+            where,
+            len(self._lm_skipped),
+            budget,
+        )
+
+    def _lm_guard_optimizer(self) -> None:
+        opt = self.optimizer
+        if opt is None or getattr(opt, "_lmstack_guarded", False):
+            return
+        step = opt.step
+
+        @functools.wraps(step)
+        def guarded_step(*args: Any, **kwargs: Any) -> Any:
+            if self._lm_skip_update:
+                self._lm_skip_update = False
+                return None
+            return step(*args, **kwargs)
+
+        opt.step = guarded_step
+        opt._lmstack_guarded = True
+
+    def _maybe_log_save_evaluate(self, tr_loss: Any, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        out = super()._maybe_log_save_evaluate(tr_loss, *args, **kwargs)
+        # NaN - NaN stays NaN: once a non-finite step has been logged (shown as NaN), clear it so
+        # the next logged losses are real again.
+        if self._globalstep_last_logged == self.state.global_step and not bool(torch.isfinite(tr_loss).all()):
+            tr_loss.zero_()
+        return out
+
+    # ---- staged, manifest-committed checkpoints ------------------------------------------------
+    def _get_output_dir(self, trial: Any) -> str:
+        if self._lm_staging is not None:
+            return str(self._lm_staging)
+        return super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        if trial is not None:
+            return super()._save_checkpoint(model, trial)
+        step = self.state.global_step
+        out = Path(self.args.output_dir)
+        root = staging_root(out, step)
+        if self.args.should_save:
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True)
+        self.accelerator.wait_for_everyone()
+        self._lm_staging = root
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._lm_staging = None
+        self.accelerator.wait_for_everyone()  # every rank's files (rng_state_<rank>.pth, shards) are written
+        if self.args.should_save:
+            meta = {
+                "step": step,
+                "epoch": self.state.epoch,
+                "world_size": self.args.world_size,
+                "stage": self._lm_cfg.finetuning.stage,
+                "finetuning_type": self._lm_cfg.finetuning.finetuning_type,
+                "nonfinite_skipped_steps": self._lm_skipped,  # the skip budget carries over a resume
+            }
+            final = commit_checkpoint(root / f"checkpoint-{step}", out / f"checkpoint-{step}", meta)
+            shutil.rmtree(root, ignore_errors=True)
+            logger.info("checkpoint complete: %s", final)
+            best = self.state.best_model_checkpoint
+            rotate_checkpoints(out, self.args.save_total_limit, keep=(best,) if best else ())
+        self.accelerator.wait_for_everyone()
+
+    # ---- loads: a file that is not plain tensors is refused, never run --------------------------
+    def _lm_safe_load(self, what: str, checkpoint: str | None, load: Any) -> None:
+        try:
+            load(checkpoint)
+        except pickle.UnpicklingError as err:
+            raise LmstackError(
+                f"resume_from_checkpoint: {checkpoint}: the {what} file holds pickled objects that are "
+                f"not plain tensors; refused to unpickle it (torch.load weights_only=True). The checkpoint "
+                f"was not written by this training run or was tampered with; resume from another one. "
+                f"({str(err).splitlines()[0]})"
+            ) from None
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        self._lm_safe_load("RNG state", checkpoint, super()._load_rng_state)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        self._lm_safe_load("optimizer/scheduler", checkpoint, super()._load_optimizer_and_scheduler)
+
+
+@functools.cache
+def reliable(base: type) -> type:
+    """`reliable(Trainer)(model=..., args=..., lmstack_cfg=cfg, ...)`."""
+    return type(f"Reliable{base.__name__}", (ReliableMixin, base), {"__module__": __name__})
+
+
+def manifest_callback() -> Any:
+    """For trainers not wrapped by `reliable` (no staging): the manifest is still written last, after
+    every rank has saved, so resume never picks a half-written checkpoint."""
+    from transformers import TrainerCallback
+
+    from lmstack.reliability.checkpoint import MANIFEST, write_manifest
+
+    class CheckpointManifest(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if not folder.is_dir() or (folder / MANIFEST).is_file():
+                return  # `reliable` trainers commit with the manifest already
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier()
+            if state.is_world_process_zero:
+                write_manifest(folder, {"step": state.global_step, "epoch": state.epoch})
+                logger.info("checkpoint complete: %s", folder)
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier()
+
+    return CheckpointManifest()
