@@ -1,0 +1,148 @@
+"""Preflight rules for LoRA variants and memory-saving optimizers (REFERENCE §2.3, seed 003 §10.9-10.11):
+which fields combine, which need which precision, launcher and stage. Errors name both fields and the fix."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from lmstack.config.errors import ConfigError
+from lmstack.config.schema import Config
+from lmstack.models.quantization import deepspeed_zero_stage
+
+logger = logging.getLogger(__name__)
+
+MEMORY_OPTIMIZERS = ("use_galore", "use_apollo", "use_badam", "use_muon")
+ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused")
+PACKAGES = {"use_galore": "galore-torch", "use_apollo": "apollo-torch", "use_badam": "badam"}
+# stages whose Trainer takes create_optimizer() and method_callbacks(); add a stage here when it does
+WIRED_STAGES = ("sft",)
+
+
+def normalize_optim(cfg: Config) -> None:
+    """`optim: muon` (seed 003 §10.10) and `use_muon: true` (LF) mean the same thing."""
+    if cfg.training.optim == "muon":
+        logger.info("optim: muon -> use_muon: true (Muon for 2-D weights, AdamW for the rest)")
+        cfg.finetuning.use_muon = True
+        cfg.training.optim = "adamw_torch"
+    elif cfg.training.optim.startswith("muon"):
+        raise ConfigError(
+            f"optim: got {cfg.training.optim!r}; lmstack's Muon is `optim: muon` (torch.optim.Muon)"
+        )
+
+
+def check_methods(cfg: Config) -> None:
+    """Combination rules for LoRA variants and memory-saving optimizers; errors name both fields."""
+    normalize_optim(cfg)
+    ft, t = cfg.finetuning, cfg.training
+    on = [name for name in MEMORY_OPTIMIZERS if getattr(ft, name)]
+    if len(on) > 1:
+        raise ConfigError(f"{on[0]} and {on[1]}: use one memory-saving optimizer at a time; remove one")
+    for name in ("loraplus_lr_ratio", "pissa_init", "use_dora", "use_rslora", "create_new_adapter"):
+        if getattr(ft, name) and ft.finetuning_type != "lora":
+            raise ConfigError(
+                f"{name}: a LoRA option, but finetuning_type is {ft.finetuning_type}; "
+                "set finetuning_type: lora or remove it"
+            )
+    if ft.pissa_convert and not ft.pissa_init:
+        raise ConfigError(
+            "pissa_convert: converts a PiSSA adapter; set pissa_init: true as well or remove it"
+        )
+    if ft.pissa_init and cfg.model.adapter_name_or_path and not ft.create_new_adapter:
+        raise ConfigError(
+            f"pissa_init: initialises a new adapter, but adapter_name_or_path resumes "
+            f"{cfg.model.adapter_name_or_path}; set create_new_adapter: true or remove pissa_init"
+        )
+    if ft.pissa_init and ft.pissa_iter != -1 and not ft.pissa_convert:
+        logger.warning(
+            "pissa_init with pissa_iter: %d: PEFT re-runs the randomised SVD when the adapter is loaded, so "
+            "output_dir's adapter does not reproduce the trained model; set pissa_convert: true and use "
+            "output_dir/pissa_converted (or pissa_iter: -1 for the exact, reproducible SVD)",
+            ft.pissa_iter,
+        )
+    if ft.create_new_adapter and not cfg.model.adapter_name_or_path:
+        raise ConfigError("create_new_adapter: needs adapter_name_or_path (the adapters to merge first)")
+    needs_wiring = on + [f for f in ("loraplus_lr_ratio", "pissa_convert") if getattr(ft, f)]
+    if needs_wiring and ft.stage not in WIRED_STAGES:
+        raise ConfigError(
+            f"{needs_wiring[0]}: not available for stage: {ft.stage} yet (stages: {' | '.join(WIRED_STAGES)}); "
+            "remove it or use one of those stages"
+        )
+    if not on:
+        return
+    name = on[0]
+    _check_installed(name)
+    if ft.finetuning_type == "lora":
+        raise ConfigError(
+            f"{name}: a full-parameter optimizer, not for finetuning_type: lora; "
+            "set finetuning_type: full (or freeze) or remove it"
+        )
+    if ft.loraplus_lr_ratio is not None:
+        raise ConfigError(f"{name} and loraplus_lr_ratio: LoRA+ is a LoRA optimizer; remove one")
+    if name != "use_badam" and t.optim not in ADAMW_OPTIMS + _eight_bit(name):
+        raise ConfigError(
+            f"{name} and optim: {t.optim!r}: {name} replaces the optimizer; "
+            f"leave optim at adamw_torch (allowed: {' | '.join(ADAMW_OPTIMS + _eight_bit(name))})"
+        )
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if name in ("use_galore", "use_apollo"):
+        prefix = name.removeprefix("use_")
+        if t.deepspeed:
+            raise ConfigError(f"{name} and deepspeed: {prefix} does not run under DeepSpeed; remove one")
+        if getattr(ft, f"{prefix}_layerwise"):
+            if t.gradient_accumulation_steps != 1:
+                raise ConfigError(
+                    f"{prefix}_layerwise and gradient_accumulation_steps: {t.gradient_accumulation_steps}: "
+                    "layer-wise steps happen during backward; set gradient_accumulation_steps: 1"
+                )
+            if distributed:
+                raise ConfigError(
+                    f"{prefix}_layerwise: not supported with several processes; run one process"
+                )
+    if name == "use_badam":
+        _check_badam(cfg, distributed)
+    if name == "use_muon":
+        import torch
+
+        if not hasattr(torch.optim, "Muon"):
+            raise ConfigError(
+                f"use_muon: needs torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}"
+            )
+
+
+def _eight_bit(name: str) -> tuple[str, ...]:
+    return ("adamw_8bit", "adamw_bnb_8bit", "adafactor") if name == "use_galore" else ()
+
+
+def _check_installed(name: str) -> None:
+    import importlib.util
+
+    module = {"use_galore": "galore_torch", "use_apollo": "apollo_torch", "use_badam": "badam"}.get(name)
+    if module and importlib.util.find_spec(module) is None:
+        raise ConfigError(f"{name}: needs the `{PACKAGES[name]}` package; pip install 'lmstack[optim]'")
+
+
+def _check_badam(cfg: Config, distributed: bool) -> None:
+    ft, t = cfg.finetuning, cfg.training
+    if ft.finetuning_type != "full":
+        raise ConfigError(
+            f"use_badam and finetuning_type: {ft.finetuning_type}: BAdam chooses the trainable block itself; "
+            "set finetuning_type: full"
+        )
+    if not t.bf16:
+        raise ConfigError(
+            "use_badam and bf16: BAdam keeps the weights in half precision and fp32 copies of the active "
+            "block only; set bf16: true"
+        )
+    if ft.badam_mode == "ratio":
+        # its sparse gradients break the Trainer's gradient-norm (torch's clip_grad_norm_ has no sparse kernel)
+        raise ConfigError(
+            "badam_mode: ratio is not supported by lmstack yet (sparse gradients cannot go through the "
+            "Trainer's gradient norm); use badam_mode: layer"
+        )
+    if distributed or t.deepspeed:
+        if deepspeed_zero_stage(cfg) != 3:
+            raise ConfigError(
+                f"use_badam and deepspeed: {t.deepspeed or 'none'}: distributed layer-wise BAdam runs only under "
+                "DeepSpeed ZeRO-3; use examples/deepspeed/ds_z3_config.json or one process"
+            )

@@ -1,0 +1,86 @@
+"""Planner: model states of the memory-saving optimizers (GaLore/APOLLO projected moments, Muon's single
+momentum, BAdam's one active block) and how a YAML maps onto them."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmstack.config.load import build_config
+from lmstack.plan import memory as mem
+from lmstack.plan.estimate import Setup, estimate
+
+
+def states(spec, **setup) -> tuple[float, float, float]:
+    g = estimate(spec, Setup(finetuning_type="full", **setup)).gpu
+    return g.weights * mem.GIB, g.gradients * mem.GIB, g.optimizer * mem.GIB
+
+
+def test_low_rank_elements_of_one_matrix() -> None:
+    # Qwen2.5-7B gate_proj, 3584 x 18944 at rank 16: moments 16 x 18944 twice + the 3584 x 16 projector
+    assert mem.low_rank_state_elements(18944, 3584, 16) == 16 * (2 * 18944 + 3584)
+    assert mem.low_rank_state_elements(8, 32, 16) == 8 * (2 * 32 + 8)  # rank capped by the small side
+
+
+@pytest.mark.parametrize("kind", ["galore", "apollo"])
+def test_galore_keeps_master_weights_and_projected_moments(specs, kind) -> None:
+    s = specs["qwen2.5-7b"]
+    p, linear = s.num_params, s.linear_params
+    w, g, o = states(s, optimizer=kind, optimizer_rank=16)
+    shapes = {
+        "q_proj": (3584, 3584), "k_proj": (3584, 512), "v_proj": (3584, 512), "o_proj": (3584, 3584),
+        "gate_proj": (3584, 18944), "up_proj": (3584, 18944), "down_proj": (18944, 3584),
+    }  # fmt: skip
+    elements = 28 * sum(mem.low_rank_state_elements(r, c, 16) for r, c in shapes.values())
+    assert w == pytest.approx(2 * p) and g == pytest.approx(2 * p)
+    assert o == pytest.approx(4 * p + 8 * (p - linear) + 4 * elements)
+    _, _, adamw = states(s)
+    assert adamw == pytest.approx(12 * p) and o < 0.45 * adamw  # the point of GaLore: ~39 GB instead of ~91
+
+
+def test_muon_keeps_one_moment_for_hidden_matrices(specs) -> None:
+    s = specs["qwen2.5-7b"]
+    p, linear = s.num_params, s.linear_params
+    _, _, o = states(s, optimizer="muon")
+    assert o == pytest.approx(4 * p + 4 * linear + 8 * (p - linear))
+
+
+def test_badam_holds_grads_and_adam_states_of_one_layer(specs) -> None:
+    s = specs["qwen2.5-7b"]
+    w, g, o = states(s, optimizer="badam")
+    assert w == pytest.approx(2 * s.num_params)  # bf16 weights, no fp32 master of the whole model
+    assert g == pytest.approx(2 * s.layer_params) and o == pytest.approx(12 * s.layer_params)
+    # seed 003 §10.11: full-parameter BAdam comes close to LoRA's bf16 base (2 B/param)
+    assert w + g + o < 1.25 * 2 * s.num_params
+
+
+def test_low_rank_optimizers_are_not_for_lora(specs) -> None:
+    with pytest.raises(ValueError, match="use_galore: a full-parameter optimizer"):
+        estimate(specs["qwen2.5-0.5b"], Setup(finetuning_type="lora", optimizer="galore"))
+    with pytest.raises(ValueError, match="optimizer: got 'adam'"):
+        estimate(specs["qwen2.5-0.5b"], Setup(optimizer="adam"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "optimizer", "rank"),
+    [
+        ({"use_galore": True, "galore_rank": 32}, "galore", 32),
+        ({"use_apollo": True, "apollo_rank": 4}, "apollo", 4),
+        ({"use_badam": True}, "badam", 16),
+        ({"optim": "muon"}, "muon", 16),
+        ({"use_muon": True}, "muon", 16),
+        ({}, "adamw", 16),
+    ],
+)
+def test_request_from_config_maps_the_yaml(tiny_model, tmp_path, fields, optimizer, rank) -> None:
+    from lmstack.plan.from_config import request_from_config
+
+    cfg = build_config(
+        {
+            "model_name_or_path": str(tiny_model),
+            "output_dir": str(tmp_path),
+            "finetuning_type": "full",
+            **fields,
+        }
+    )
+    req = request_from_config(cfg, gpus=1, gpu_memory_gib=80)
+    assert (req.optimizer, req.optimizer_rank) == (optimizer, rank)
