@@ -1,0 +1,134 @@
+"""Stage dpo: preference optimisation on pairwise data with TRL's losses.
+
+pref_loss sigmoid (DPO) | hinge | ipo -> trl.DPOTrainer (dpo_label_smoothing > 0 -> TRL's robust DPO;
+pref_ftx > 0 adds TRL's "sft" loss with that weight); orpo -> trl.experimental.orpo.ORPOTrainer;
+simpo -> trl.experimental.cpo.CPOTrainer(loss_type="simpo"). Our template encodes the rows; the
+trainers get them pre-tokenized (their own tokenization step is bypassed, nothing else changes).
+tokenizer -> template -> data -> model -> adapter -> reference -> trainer -> train -> save.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from trl import DPOConfig, DPOTrainer
+
+from lmstack.config.schema import Config
+from lmstack.data.encode import IGNORE_INDEX
+from lmstack.data.pipeline import build_datasets
+from lmstack.models.adapters import setup_finetuning
+from lmstack.models.load import load_model, load_tokenizer
+from lmstack.templates import get_template
+from lmstack.train import common, rlhf
+
+logger = logging.getLogger(__name__)
+REFERENCE_FREE = ("orpo", "simpo")
+
+
+def run(cfg: Config) -> dict:
+    device = common.device_type(cfg)
+    common.check_precision(cfg, device)
+    resume = common.prepare_output_dir(cfg)
+
+    tokenizer = load_tokenizer(cfg)
+    template = get_template(cfg.data.template, tokenizer)
+    for note in template.fix_tokenizer(tokenizer):
+        logger.info(note)
+    data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
+    train_ds = rlhf.to_dataset(data.train, rlhf.pairwise_columns)
+    eval_ds = rlhf.to_dataset(data.eval, rlhf.pairwise_columns) if data.eval is not None else None
+
+    model = load_model(cfg, tokenizer, device)
+    common.enable_gradient_checkpointing(cfg, model)
+    model = setup_finetuning(cfg, model)
+    loss = cfg.finetuning.pref_loss
+    ref_model = rlhf.reference_model(cfg, tokenizer, device, needs_reference=loss not in REFERENCE_FREE)
+
+    trainer = build_trainer(cfg, device, model, ref_model, tokenizer, train_ds, eval_ds)
+    result = trainer.train(resume_from_checkpoint=resume)
+    common.save_outputs(cfg, trainer, result)
+    rlhf.plot(cfg, ["rewards/accuracies", "rewards/margins"])
+    logger.info("outputs written to %s", cfg.training.output_dir)
+    return dict(result.metrics)
+
+
+def build_trainer(
+    cfg: Config, device: str, model: Any, ref_model: Any, tokenizer: Any, train_ds: Any, eval_ds: Any
+) -> Any:
+    ft = cfg.finetuning
+    common_kwargs = dict(
+        model=model,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        callbacks=common.make_callbacks(cfg),
+    )
+    if ft.pref_loss == "orpo":
+        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+        args = rlhf.trl_config(cfg, device, ORPOConfig, beta=ft.pref_beta, max_length=cfg.data.cutoff_len)
+        return _rows_trainer(ORPOTrainer)(args=args, **common_kwargs)
+    if ft.pref_loss == "simpo":
+        from trl.experimental.cpo import CPOConfig, CPOTrainer
+
+        args = rlhf.trl_config(
+            cfg,
+            device,
+            CPOConfig,
+            loss_type="simpo",
+            beta=ft.pref_beta,
+            simpo_gamma=ft.simpo_gamma,
+            cpo_alpha=ft.pref_ftx,
+            max_length=cfg.data.cutoff_len,
+        )
+        return _rows_trainer(CPOTrainer)(args=args, **common_kwargs)
+
+    loss_types, weights = [ft.pref_loss], [1.0]
+    if ft.dpo_label_smoothing > 0:
+        logger.info(
+            "dpo_label_smoothing=%s: TRL 1.16 has no label-smoothed sigmoid loss (cDPO); using its robust "
+            "DPO loss, the unbiased estimator for the same label-noise rate",
+            ft.dpo_label_smoothing,
+        )
+        loss_types = ["robust"]
+    if ft.pref_ftx > 0:
+        loss_types, weights = loss_types + ["sft"], weights + [ft.pref_ftx]
+    args = rlhf.trl_config(
+        cfg,
+        device,
+        DPOConfig,
+        beta=ft.pref_beta,
+        loss_type=loss_types,
+        loss_weights=weights,
+        label_smoothing=ft.dpo_label_smoothing,
+        max_length=None,  # rows are already cut to cutoff_len by our encoder
+    )
+    trainer = PretokenizedDPOTrainer(ref_model=ref_model, args=args, **common_kwargs)
+    rlhf.drop_trl_ref_adapter(cfg, trainer.model)
+    return trainer
+
+
+class PretokenizedDPOTrainer(DPOTrainer):
+    """DPOTrainer fed our rows: prompt_ids / chosen_ids / rejected_ids are already there."""
+
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        return dataset
+
+
+def _rows_trainer(base: type) -> type:
+    """ORPO/CPO trainers tokenize with `tokenize_row`; ours turns the pre-tokenized columns into theirs."""
+
+    class _Rows(base):
+        def tokenize_row(self, feature: dict, model: Any = None) -> dict:
+            prompt = list(feature["prompt_ids"])
+            out = {"prompt_input_ids": prompt, "prompt_attention_mask": [1] * len(prompt)}
+            for kind in ("chosen", "rejected"):
+                answer = list(feature[f"{kind}_ids"])
+                out[f"{kind}_input_ids"] = prompt + answer
+                out[f"{kind}_attention_mask"] = [1] * (len(prompt) + len(answer))
+                out[f"{kind}_labels"] = [IGNORE_INDEX] * len(prompt) + answer
+            return out
+
+    _Rows.__name__ = base.__name__
+    return _Rows

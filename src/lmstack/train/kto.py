@@ -1,0 +1,94 @@
+"""Stage kto: Kahneman-Tversky optimisation on unpaired data (one answer + a desirable/undesirable tag)
+with TRL's KTOTrainer. `kto_chosen_weight` / `kto_rejected_weight` weigh the two kinds of example.
+The KL estimate pairs each prompt with the previous example's answer inside a batch (TRL's scheme),
+so the data are shuffled once here with `seed` and then read in order (unless disable_shuffling).
+tokenizer -> template -> data -> model -> adapter -> reference -> trainer -> train -> save.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from trl import KTOConfig, KTOTrainer
+
+from lmstack.config.schema import Config
+from lmstack.data.encode_pref import split_row
+from lmstack.data.pipeline import build_datasets
+from lmstack.models.adapters import setup_finetuning
+from lmstack.models.load import load_model, load_tokenizer
+from lmstack.templates import get_template
+from lmstack.train import common, rlhf
+
+logger = logging.getLogger(__name__)
+
+
+def run(cfg: Config) -> dict:
+    device = common.device_type(cfg)
+    common.check_precision(cfg, device)
+    resume = common.prepare_output_dir(cfg)
+
+    tokenizer = load_tokenizer(cfg)
+    template = get_template(cfg.data.template, tokenizer)
+    for note in template.fix_tokenizer(tokenizer):
+        logger.info(note)
+    data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
+    train_rows = list(data.train.to_samples())
+    if not cfg.finetuning.disable_shuffling:
+        random.Random(cfg.training.seed).shuffle(train_rows)
+    train_ds = rlhf.to_dataset(train_rows, columns)
+    eval_ds = rlhf.to_dataset(data.eval, columns) if data.eval is not None else None
+    desirable = sum(train_ds["label"])
+    logger.info("kto data: %d desirable, %d undesirable", desirable, len(train_ds) - desirable)
+
+    model = load_model(cfg, tokenizer, device)
+    common.enable_gradient_checkpointing(cfg, model)
+    model = setup_finetuning(cfg, model)
+    ref_model = rlhf.reference_model(cfg, tokenizer, device)
+
+    ft = cfg.finetuning
+    args = rlhf.trl_config(
+        cfg,
+        device,
+        KTOConfig,
+        beta=ft.pref_beta,
+        desirable_weight=ft.kto_chosen_weight,
+        undesirable_weight=ft.kto_rejected_weight,
+        max_length=None,  # rows are already cut to cutoff_len by our encoder
+        train_sampling_strategy="sequential",
+    )
+    trainer = PretokenizedKTOTrainer(
+        model=model,
+        ref_model=ref_model,
+        args=args,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        callbacks=common.make_callbacks(cfg),
+    )
+    rlhf.drop_trl_ref_adapter(cfg, trainer.model)
+    result = trainer.train(resume_from_checkpoint=resume)
+    common.save_outputs(cfg, trainer, result)
+    rlhf.plot(cfg, ["rewards/chosen", "rewards/rejected", "rewards/margins"])
+    logger.info("outputs written to %s", cfg.training.output_dir)
+    return dict(result.metrics)
+
+
+def columns(row: dict) -> dict:
+    prompt, answer = split_row(row["input_ids"], row["labels"])
+    return {"prompt_ids": prompt, "completion_ids": answer, "label": bool(row["kto_tag"])}
+
+
+class PretokenizedKTOTrainer(KTOTrainer):
+    """KTOTrainer fed our rows; only TRL's KL pairing (rotate answers by one inside each batch) is kept."""
+
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        if not self.calculate_KL:
+            return dataset
+        size = args.per_device_train_batch_size
+
+        def add_kl(batch: dict) -> dict:
+            batch["KL_completion_ids"] = [batch["completion_ids"][-1]] + batch["completion_ids"][:-1]
+            return batch
+
+        return dataset.map(add_kl, batched=True, batch_size=size)

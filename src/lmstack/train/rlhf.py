@@ -1,0 +1,253 @@
+"""Pieces the preference and RL stages share (dpo, kto, rm, ppo, grpo): TRL configs built from our
+TrainingArguments, our token rows as `datasets.Dataset`, the reference model (REFERENCE §2.3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from lmstack.config.errors import ConfigError
+from lmstack.config.schema import Config
+from lmstack.data.encode_pref import split_row
+from lmstack.train import common
+
+logger = logging.getLogger(__name__)
+
+
+def trl_config(cfg: Config, device: str, config_cls: type, **extra: Any) -> Any:
+    """A TRL config (a TrainingArguments subclass) with every field our YAML sets, plus `extra`.
+    TRL's own defaults (e.g. gradient_checkpointing=True, bf16=True) never leak in."""
+    base = common.training_arguments(cfg, device)
+    names = {f.name for f in dataclasses.fields(config_cls) if f.init}
+    kwargs = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init and f.name in names}
+    kwargs.update({k: v for k, v in extra.items() if k in names})
+    return config_cls(**kwargs)
+
+
+def to_dataset(rows: Iterable[dict], adapt: Callable[[dict], dict]) -> Any:
+    """Our token rows -> a `datasets.Dataset` with the columns a TRL trainer reads."""
+    from datasets import Dataset
+
+    return Dataset.from_list([adapt(r) for r in rows])
+
+
+def pairwise_columns(row: dict) -> dict:
+    """Pairwise rows -> TRL 1.16's pre-tokenized preference columns."""
+    prompt, chosen = split_row(row["chosen_input_ids"], row["chosen_labels"])
+    prompt_r, rejected = split_row(row["rejected_input_ids"], row["rejected_labels"])
+    assert prompt == prompt_r, "chosen and rejected rows must share the prompt"
+    return {"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected}
+
+
+def _frozen(model: Any) -> Any:
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def load_frozen_model(cfg: Config, path: str, adapters: str | None, tokenizer: Any, device: str) -> Any:
+    """A frozen causal LM from `path` with `adapters` (comma-separated) merged in."""
+    from lmstack.models.load import load_model
+
+    sub = cfg.model_copy(update={"model": cfg.model.model_copy(update={"model_name_or_path": path})})
+    model = load_model(sub, tokenizer, device)
+    if adapters:
+        from peft import PeftModel
+
+        for adapter in [a.strip() for a in adapters.split(",") if a.strip()]:
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    return _frozen(model)
+
+
+def reference_model(cfg: Config, tokenizer: Any, device: str, needs_reference: bool = True) -> Any | None:
+    """REFERENCE §2.3: `ref_model` if set; else LoRA -> None (the trainer disables the adapter: no
+    second copy in memory); full/freeze -> a frozen copy of the starting model."""
+    ft = cfg.finetuning
+    if not needs_reference:
+        return None
+    if ft.ref_model:
+        logger.info("reference model: %s", ft.ref_model)
+        return load_frozen_model(cfg, ft.ref_model, ft.ref_model_adapters, tokenizer, device)
+    if ft.finetuning_type == "lora":
+        logger.info("reference model: the base model with the LoRA adapter disabled (no copy)")
+        return None
+    logger.info("reference model: a frozen copy of %s", cfg.model.model_name_or_path)
+    return load_frozen_model(
+        cfg, cfg.model.model_name_or_path, cfg.model.adapter_name_or_path, tokenizer, device
+    )
+
+
+def drop_trl_ref_adapter(cfg: Config, model: Any) -> None:
+    """TRL 1.16 adds a 'ref' copy of a PEFT model's adapter when no ref_model is given. For a fresh
+    adapter (zero-initialised LoRA B) the base with the adapter disabled is that same reference, so
+    the copy is removed; a resumed adapter (adapter_name_or_path) keeps it as its reference."""
+    peft_config = getattr(model, "peft_config", None)
+    if peft_config and "ref" in peft_config and not cfg.model.adapter_name_or_path:
+        model.delete_adapter("ref")
+        model.set_adapter("default")
+
+
+def check_reward_model_dir(path: str, field: str = "reward_model") -> Path:
+    out = Path(path)
+    if not (out / "value_head.safetensors").is_file():
+        raise ConfigError(
+            f"{field}: {path} has no value_head.safetensors; give the output_dir of an lmstack "
+            "`stage: rm` run"
+        )
+    return out
+
+
+def plot(cfg: Config, keys: list[str]) -> None:
+    if cfg.finetuning.plot_loss:
+        from lmstack.train.plots import plot_metrics
+
+        for path in plot_metrics(cfg.training.output_dir, keys):
+            logger.info("wrote %s", path)
+
+
+def split_specs(value: str | None) -> list[str]:
+    return [s.strip() for s in (value or "").split(",") if s.strip()]
+
+
+def import_reward_func(spec: str) -> Callable:
+    """'pkg.module:function' or 'path/to/file.py:function' -> the function (errors name the field)."""
+    module_name, _, func_name = spec.rpartition(":")
+    if not module_name or not func_name:
+        raise ConfigError(f"reward_funcs: {spec!r} is not 'pkg.module:function' or 'file.py:function'")
+    try:
+        if module_name.endswith(".py"):
+            path = Path(module_name)
+            if not path.is_file():
+                raise ConfigError(f"reward_funcs: file {module_name} not found (in {spec!r})")
+            loaded = importlib.util.spec_from_file_location(f"lmstack_reward_{path.stem}", path)
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"reward_funcs: cannot import {module_name} ({err}); check {spec!r}") from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ConfigError(f"reward_funcs: {module_name} has no function {func_name!r} (in {spec!r})")
+    return func
+
+
+def reward_functions(cfg: Config) -> list[Callable]:
+    return [import_reward_func(spec) for spec in split_specs(cfg.finetuning.reward_funcs)]
+
+
+# ---- pre-flight: stage/field conflicts, checked before anything loads ----------------------------
+def check_stage_config(cfg: Config) -> None:
+    """Each error names the field, the value and the fix (called by train.run.preflight)."""
+    ft, stage = cfg.finetuning, cfg.finetuning.stage
+    for name in ("neat_packing", "train_on_prompt", "mask_history"):
+        if getattr(cfg.data, name, False) and stage != "sft":
+            raise ConfigError(
+                f"{name}: true is an sft setting and has no meaning for stage {stage}; remove it"
+            )
+    if stage in ("ppo", "grpo", "rloo") and not ft.reward_model and not ft.reward_funcs:
+        raise ConfigError(
+            f"reward_model: stage {stage} needs a reward: set reward_model to the output_dir of a "
+            "`stage: rm` run, or reward_funcs to 'pkg.module:function'"
+        )
+    if ft.reward_model and stage in ("ppo", "grpo", "rloo"):
+        _check_reward_model(cfg)
+    if ft.reward_model_adapters:
+        raise ConfigError(
+            "reward_model_adapters: not used by lmstack (an rm output_dir holds its own adapter); "
+            "give that directory as reward_model and remove reward_model_adapters"
+        )
+    if ft.reward_funcs:
+        if stage in ("ppo", "grpo", "rloo"):
+            reward_functions(cfg)  # import now: a typo fails before the model loads
+        else:
+            logger.warning("reward_funcs: has no effect for stage %s (ppo and grpo use it)", stage)
+    _check_reference(cfg)
+    if ft.dpo_label_smoothing > 0 and (stage != "dpo" or ft.pref_loss != "sigmoid"):
+        raise ConfigError(
+            f"dpo_label_smoothing: {ft.dpo_label_smoothing} applies to stage dpo with pref_loss: sigmoid "
+            f"only (got stage {stage}, pref_loss {ft.pref_loss}); set it to 0"
+        )
+    t = cfg.training
+    if stage == "kto" and t.per_device_train_batch_size < 2:
+        raise ConfigError(
+            "per_device_train_batch_size: kto needs at least 2 (its KL term pairs each prompt with "
+            "another example's answer in the same batch); set 2 or more"
+        )
+    if (
+        stage in ("grpo", "rloo")
+        and (t.per_device_train_batch_size * t.gradient_accumulation_steps) % ft.num_generations
+    ):
+        raise ConfigError(
+            f"num_generations: {ft.num_generations} must divide per_device_train_batch_size x "
+            f"gradient_accumulation_steps = {t.per_device_train_batch_size * t.gradient_accumulation_steps} "
+            "(each batch holds whole groups of answers to one prompt)"
+        )
+    if stage == "kto":
+        _check_kto_datasets(cfg)
+    if stage == "ppo" and (t.deepspeed or int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        raise ConfigError(
+            "stage: ppo runs in one process on one device (lmstack's compact PPO has no DeepSpeed or "
+            "multi-GPU path yet); remove deepspeed and launch without torchrun, or use stage: grpo"
+        )
+
+
+def _check_reward_model(cfg: Config) -> None:
+    ft = cfg.finetuning
+    if ft.reward_model_type == "api":
+        raise ConfigError(
+            "reward_model_type: api is not supported; use lora or full with the output_dir of a `stage: rm` run"
+        )
+    out = Path(ft.reward_model)
+    if not out.is_dir():
+        raise ConfigError(
+            f"reward_model: directory not found: {ft.reward_model}; give the output_dir of a `stage: rm` run"
+        )
+    check_reward_model_dir(ft.reward_model)
+    has_adapter = (out / "adapter_config.json").is_file()
+    if ft.reward_model_type == "lora" and not has_adapter:
+        raise ConfigError(
+            f"reward_model_type: lora, but {out} holds full weights (no adapter_config.json); "
+            "set reward_model_type: full"
+        )
+    if ft.reward_model_type == "full" and has_adapter:
+        raise ConfigError(
+            f"reward_model_type: full, but {out} holds a LoRA adapter; set reward_model_type: lora"
+        )
+
+
+def _check_reference(cfg: Config) -> None:
+    ft, stage = cfg.finetuning, cfg.finetuning.stage
+    if ft.ref_model_adapters and not ft.ref_model:
+        raise ConfigError(
+            "ref_model_adapters: needs ref_model (the model the adapters belong to); set ref_model"
+        )
+    if not ft.ref_model:
+        return
+    if stage not in ("dpo", "kto", "ppo"):
+        logger.warning("ref_model: has no effect for stage %s (dpo, kto and ppo use a reference)", stage)
+    elif stage == "dpo" and ft.pref_loss in ("orpo", "simpo"):
+        logger.warning(
+            "ref_model: has no effect with pref_loss: %s (it uses no reference model)", ft.pref_loss
+        )
+    elif not Path(ft.ref_model).expanduser().exists() and len(ft.ref_model.split("/")) != 2:
+        raise ConfigError(f"ref_model: directory not found: {ft.ref_model}; give a model directory or hub id")
+
+
+def _check_kto_datasets(cfg: Config) -> None:
+    from lmstack.data.registry import get_dataset_attrs
+
+    for field_name, names in (("dataset", cfg.data.dataset), ("eval_dataset", cfg.data.eval_dataset)):
+        for attr in get_dataset_attrs(names, cfg.data.dataset_dir, field_name):
+            if not attr.columns.get("kto_tag"):
+                raise ConfigError(
+                    f"{field_name}: {attr.name} has no kto_tag column; stage kto needs each answer tagged "
+                    'true/false: add "kto_tag": "<column>" to its columns in dataset_info.json'
+                )

@@ -1,0 +1,464 @@
+"""Every training stage on the tiny model (CPU, offline): it runs, learns its toy task, writes its
+outputs, and the outputs load back. Also the stage/field conflict rules and the example YAMLs."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmstack.config.errors import ConfigError, DataError
+from lmstack.config.load import build_config, load_config
+from lmstack.train.run import train
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "data"
+FIXTURES = REPO / "tests" / "fixtures" / "stages"
+
+
+def history(out: Path) -> list[dict]:
+    return json.loads((out / "trainer_state.json").read_text())["log_history"]
+
+
+def series(out: Path, key: str) -> list[float]:
+    return [h[key] for h in history(out) if key in h]
+
+
+@pytest.fixture
+def cfg(base_cfg, tmp_path) -> dict:
+    return {**base_cfg, "cutoff_len": 64, "logging_steps": 1, "save_steps": 100, "lora_rank": 8}
+
+
+# ---- pt -----------------------------------------------------------------------------------------
+def test_pt_packs_text_and_loss_falls(cfg, caplog):
+    run = {
+        **cfg,
+        "stage": "pt",
+        "dataset": "c4_demo",
+        "max_steps": 10,
+        "learning_rate": 3e-2,
+        "per_device_train_batch_size": 8,
+        "lr_scheduler_type": "constant",
+    }
+    with caplog.at_level(logging.INFO, logger="lmstack.train.pt"):
+        train(None, run)
+    out = Path(run["output_dir"])
+    packed = [r.message for r in caplog.records if "pt packing" in r.message]
+    assert packed and "rows of cutoff_len=64" in packed[0] and "tail tokens dropped" in packed[0]
+    losses = series(out, "loss")
+    assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.3, losses
+    assert (out / "adapter_model.safetensors").is_file()
+    from peft import AutoPeftModelForCausalLM
+
+    model = AutoPeftModelForCausalLM.from_pretrained(out)
+    assert model(torch.tensor([[1, 2, 3]])).logits.shape[-1] >= 1024
+
+
+# ---- rm -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rm_dir(tiny_model, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("rm") / "out"
+    train(
+        None,
+        {
+            "model_name_or_path": str(tiny_model),
+            "template": "qwen",
+            "stage": "rm",
+            "finetuning_type": "lora",
+            "dataset": "dpo_en_demo",
+            "dataset_dir": str(DATA),
+            "cutoff_len": 64,
+            "output_dir": str(out),
+            "per_device_train_batch_size": 8,
+            "learning_rate": 1e-2,
+            "max_steps": 10,
+            "save_steps": 5,
+            "logging_steps": 1,
+            "report_to": "none",
+            "disable_tqdm": True,
+            "seed": 0,
+        },
+    )
+    return out
+
+
+def pair_rows(tiny_model) -> list[dict]:
+    from lmstack.data.pipeline import build_datasets
+    from lmstack.models.load import load_tokenizer
+    from lmstack.templates import get_template
+
+    c = build_config(
+        {
+            "model_name_or_path": str(tiny_model),
+            "template": "qwen",
+            "stage": "rm",
+            "dataset": "dpo_en_demo",
+            "dataset_dir": str(DATA),
+            "cutoff_len": 64,
+            "output_dir": "unused",
+        }
+    )
+    tok = load_tokenizer(c)
+    template = get_template("qwen", tok)
+    template.fix_tokenizer(tok)
+    return build_datasets(c, tok, template).train.to_samples()
+
+
+def test_rm_learns_a_separable_preference_and_reloads(rm_dir, tiny_model):
+    from lmstack.models.value_head import load_reward_model
+
+    for d in (rm_dir, rm_dir / "checkpoint-5", rm_dir / "checkpoint-10"):
+        assert (d / "value_head.safetensors").is_file(), d
+        assert (d / "adapter_model.safetensors").is_file(), d
+    rm = load_reward_model(rm_dir)
+    rows = pair_rows(tiny_model)
+    chosen = rm.score_ids([r["chosen_input_ids"] for r in rows])
+    rejected = rm.score_ids([r["rejected_input_ids"] for r in rows])
+    accuracy = sum(c > r for c, r in zip(chosen, rejected)) / len(rows)
+    assert accuracy >= 0.8, accuracy  # chance is 0.5
+    assert series(rm_dir, "accuracy")  # logged by TRL's RewardTrainer
+
+
+def test_rm_resumes_backbone_and_value_head(rm_dir, tiny_model, tmp_path, caplog):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    out = tmp_path / "rm"
+    shutil.copytree(rm_dir, out)
+    head = load_file(str(out / "checkpoint-10" / "value_head.safetensors"))
+    run = {
+        "model_name_or_path": str(tiny_model),
+        "template": "qwen",
+        "stage": "rm",
+        "dataset": "dpo_en_demo",
+        "dataset_dir": str(DATA),
+        "cutoff_len": 64,
+        "output_dir": str(out),
+        "per_device_train_batch_size": 8,
+        "learning_rate": 1e-2,
+        "max_steps": 12,
+        "save_steps": 5,
+        "logging_steps": 1,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 0,
+        "resume_from_checkpoint": str(out / "checkpoint-10"),
+    }
+    with caplog.at_level(logging.INFO, logger="lmstack.train.rm"):
+        train(None, run)
+    assert any("resumed the reward model" in r.message for r in caplog.records)
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 12
+    new_head = load_file(str(out / "value_head.safetensors"))
+    # two more steps from the resumed head: close to it, not back at a fresh random init
+    assert torch.allclose(new_head["v_head.summary.weight"], head["v_head.summary.weight"], atol=0.05)
+
+
+# ---- dpo ----------------------------------------------------------------------------------------
+def _models_alive(cls_name: str) -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o).__name__ == cls_name)
+
+
+def test_dpo_lora_uses_no_reference_copy_and_raises_the_margin(cfg):
+    from lmstack.data.pipeline import build_datasets
+    from lmstack.models.adapters import count_parameters, setup_finetuning
+    from lmstack.models.load import load_model, load_tokenizer
+    from lmstack.templates import get_template
+    from lmstack.train import dpo, rlhf
+
+    c = build_config(
+        {
+            **cfg,
+            "stage": "dpo",
+            "dataset": "dpo_en_demo",
+            "max_steps": 8,
+            "learning_rate": 5e-3,
+            "per_device_eval_batch_size": 16,
+        }
+    )
+    tok = load_tokenizer(c)
+    template = get_template("qwen", tok)
+    template.fix_tokenizer(tok)
+    data = build_datasets(c, tok, template)
+    ds = rlhf.to_dataset(data.train, rlhf.pairwise_columns)
+    before = _models_alive("Qwen2ForCausalLM")
+    model = setup_finetuning(c, load_model(c, tok, "cpu"))
+    _, params = count_parameters(model)
+    ref = rlhf.reference_model(c, tok, "cpu")
+    trainer = dpo.build_trainer(c, "cpu", model, ref, tok, ds, ds.select(range(16)))
+    assert ref is None and trainer.ref_model is None
+    assert "ref" not in trainer.model.peft_config  # TRL's adapter copy is dropped for a fresh adapter
+    assert count_parameters(trainer.model)[1] == params  # nothing added
+    assert _models_alive("Qwen2ForCausalLM") == before + 1  # the policy only: no second model
+
+    start = trainer.evaluate()["eval_rewards/margins"]
+    trainer.train()
+    end = trainer.evaluate()["eval_rewards/margins"]
+    assert abs(start) < 1e-6  # adapter at zero: policy == reference
+    assert end > 0.2, end
+
+
+def test_dpo_full_loads_a_frozen_reference_copy(cfg, tiny_model):
+    from lmstack.models.load import load_tokenizer
+    from lmstack.train import rlhf
+
+    c = build_config({**cfg, "stage": "dpo", "dataset": "dpo_en_demo", "finetuning_type": "full"})
+    ref = rlhf.reference_model(c, load_tokenizer(c), "cpu")
+    assert type(ref).__name__ == "Qwen2ForCausalLM"
+    assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
+
+
+@pytest.mark.parametrize(
+    ("loss", "beta"),
+    [("sigmoid", 0.1), ("orpo", 0.1), ("simpo", 2.0)],
+)
+def test_dpo_losses_raise_the_logged_margin(cfg, loss, beta):
+    run = {
+        **cfg,
+        "stage": "dpo",
+        "dataset": "dpo_en_demo",
+        "pref_loss": loss,
+        "pref_beta": beta,
+        "max_steps": 10,
+        "learning_rate": 1e-2,
+        "per_device_train_batch_size": 8,
+        "plot_loss": True,
+    }
+    train(None, run)
+    out = Path(run["output_dir"])
+    margins = series(out, "rewards/margins")
+    assert sum(margins[-3:]) / 3 > sum(margins[:3]) / 3, margins
+    assert (out / "training_rewards_accuracies.png").read_bytes()[:4] == b"\x89PNG"
+    log = [json.loads(x) for x in (out / "trainer_log.jsonl").read_text().splitlines()]
+    assert all("reward" in r and "accuracy" in r for r in log if "loss" in r)  # LF's keys
+    assert (out / "adapter_model.safetensors").is_file()
+
+
+def test_dpo_loss_options_map_to_trl(cfg):
+    from lmstack.models.load import load_model, load_tokenizer
+    from lmstack.train import dpo, rlhf
+
+    c = build_config(
+        {**cfg, "stage": "dpo", "dataset": "dpo_en_demo", "dpo_label_smoothing": 0.1, "pref_ftx": 0.5}
+    )
+    tok = load_tokenizer(c)
+    ds = rlhf.to_dataset([{"prompt_ids": [1, 2], "chosen_ids": [3], "rejected_ids": [4]}], dict)
+    trainer = dpo.build_trainer(c, "cpu", load_model(c, tok, "cpu"), None, tok, ds, None)
+    assert trainer.loss_types == ["robust", "sft"] and trainer.loss_weights == [1.0, 0.5]
+    assert trainer.label_smoothing == 0.1 and trainer.beta == c.finetuning.pref_beta
+
+
+# ---- kto ----------------------------------------------------------------------------------------
+def test_kto_raises_the_desirable_margin(cfg):
+    run = {
+        **cfg,
+        "stage": "kto",
+        "dataset": "kto_en_demo",
+        "eval_dataset": "kto_en_demo",
+        "do_eval": True,
+        "per_device_eval_batch_size": 16,
+        "max_steps": 10,
+        "learning_rate": 1e-2,
+        "plot_loss": True,
+    }
+    train(None, run)
+    out = Path(run["output_dir"])
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["eval_rewards/margins"] > 0.2, results  # 0 before training (policy == reference)
+    assert (out / "training_rewards_chosen.png").is_file()
+
+
+# ---- ppo / grpo ---------------------------------------------------------------------------------
+@pytest.fixture
+def toy_reward(tiny_model, monkeypatch):
+    """Target = the token the untrained tiny model samples most after the fixture prompt; returns its
+    base rate. The reward is the fraction of answer tokens equal to it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lmstack.templates import get_template
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    import stage_rewards
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    template = get_template("qwen", tok)
+    template.fix_tokenizer(tok)
+    ids = template.encode_prompt(tok, [{"role": "user", "content": "Hello"}])
+    torch.manual_seed(0)
+    out = model.generate(
+        torch.tensor([ids] * 64),
+        do_sample=True,
+        max_new_tokens=8,
+        top_p=1.0,
+        top_k=0,
+        temperature=0.3,
+        pad_token_id=tok.pad_token_id,
+    )
+    counts = collections.Counter(out[:, len(ids) :].flatten().tolist())
+    target, n = counts.most_common(1)[0]
+    monkeypatch.setattr(stage_rewards, "TARGET_IDS", {target})
+    return n / out[:, len(ids) :].numel()
+
+
+def rl_cfg(cfg: dict, stage: str) -> dict:
+    return {
+        **cfg,
+        "stage": stage,
+        "dataset": "rl_prompts",
+        "dataset_dir": str(FIXTURES),
+        "reward_funcs": "stage_rewards:target_tokens",
+        "max_new_tokens": 8,
+        "temperature": 0.3,
+        "top_p": 1.0,
+        "top_k": 0,
+        "per_device_train_batch_size": 16,
+        "learning_rate": 1e-2,
+        "save_strategy": "no",
+    }
+
+
+def test_ppo_raises_the_toy_reward(cfg, toy_reward):
+    run = {**rl_cfg(cfg, "ppo"), "max_steps": 10, "ppo_epochs": 4, "ppo_score_norm": True, "plot_loss": True}
+    train(None, run)
+    out = Path(run["output_dir"])
+    rewards = series(out, "reward")
+    assert len(rewards) == 10
+    assert sum(rewards[5:]) / 5 > 1.8 * toy_reward, (toy_reward, rewards)
+    for name in (
+        "adapter_model.safetensors",
+        "value_head.safetensors",
+        "trainer_log.jsonl",
+        "training_reward.png",
+    ):
+        assert (out / name).is_file(), name
+    from lmstack.models.value_head import load_value_head_model
+
+    critic = load_value_head_model(out)  # the policy adapter + the critic's value head reload
+    assert critic(torch.tensor([[1, 2, 3]])).logits.shape == (1, 1)
+
+
+def test_grpo_raises_the_toy_reward(cfg, toy_reward):
+    run = {**rl_cfg(cfg, "grpo"), "max_steps": 6, "num_generations": 4}
+    train(None, run)
+    out = Path(run["output_dir"])
+    rewards = series(out, "reward")
+    assert rewards[-1] > 3 * toy_reward and rewards[-1] > rewards[0], (toy_reward, rewards)
+    assert (out / "adapter_model.safetensors").is_file()
+
+
+def test_rloo_raises_the_toy_reward(cfg, toy_reward):
+    run = {**rl_cfg(cfg, "rloo"), "max_steps": 6, "num_generations": 4, "pref_beta": 0.001}
+    train(None, run)
+    rewards = series(Path(run["output_dir"]), "reward")
+    assert rewards[-1] > 3 * toy_reward and rewards[-1] > rewards[0], (toy_reward, rewards)
+
+
+@pytest.mark.parametrize("stage", ["ppo", "grpo"])
+def test_rl_stages_run_with_an_rm_stage_reward_model(cfg, rm_dir, stage):
+    run = {
+        **rl_cfg(cfg, stage),
+        "reward_funcs": None,
+        "reward_model": str(rm_dir),
+        "max_steps": 2,
+        "per_device_train_batch_size": 4,
+        "num_generations": 2,
+        "ppo_epochs": 1,
+    }
+    train(None, run)
+    rewards = series(Path(run["output_dir"]), "reward")
+    assert rewards and all(isinstance(r, float) for r in rewards)
+
+
+# ---- conflicts, before anything loads -----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"stage": "dpo", "dataset": "dpo_en_demo", "train_on_prompt": True}, "train_on_prompt"),
+        ({"stage": "rm", "dataset": "dpo_en_demo", "mask_history": True}, "mask_history"),
+        ({"stage": "pt", "dataset": "c4_demo", "neat_packing": True}, "neat_packing"),
+        ({"stage": "ppo"}, "reward_model: stage ppo needs a reward"),
+        ({"stage": "ppo", "reward_model": "/nonexistent/rm"}, "reward_model: directory not found"),
+        ({"stage": "grpo", "reward_funcs": "no_such_module:f"}, "reward_funcs: cannot import"),
+        ({"stage": "grpo", "reward_funcs": "examples/rewards.py:nope"}, "has no function 'nope'"),
+        (
+            {"stage": "grpo", "reward_funcs": "examples/rewards.py:polite", "num_generations": 3},
+            "num_generations: 3 must divide",
+        ),
+        (
+            {"stage": "kto", "dataset": "kto_en_demo", "per_device_train_batch_size": 1},
+            "kto needs at least 2",
+        ),
+        ({"stage": "kto", "dataset": "alpaca_en_demo"}, "has no kto_tag column"),
+        (
+            {"stage": "dpo", "dataset": "dpo_en_demo", "pref_loss": "hinge", "dpo_label_smoothing": 0.1},
+            "dpo_label_smoothing",
+        ),
+        ({"stage": "dpo", "dataset": "dpo_en_demo", "ref_model_adapters": "x"}, "ref_model_adapters"),
+        (
+            {
+                "stage": "ppo",
+                "reward_funcs": "examples/rewards.py:polite",
+                "deepspeed": "examples/deepspeed/ds_z2_config.json",
+            },
+            "stage: ppo runs in one process",
+        ),
+    ],
+)
+def test_conflicts_fail_before_the_model_loads(cfg, extra, message, monkeypatch):
+    import lmstack.models.load as load
+
+    monkeypatch.setattr(load, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ConfigError, match=message):
+        train(None, {**cfg, **extra})
+
+
+def test_reward_model_type_must_match_the_directory(cfg, rm_dir):
+    with pytest.raises(ConfigError, match="reward_model_type: full, but .* holds a LoRA adapter"):
+        train(None, {**rl_cfg(cfg, "ppo"), "reward_model": str(rm_dir), "reward_model_type": "full"})
+    with pytest.raises(ConfigError, match="reward_model_type: api is not supported"):
+        train(None, {**rl_cfg(cfg, "ppo"), "reward_model": str(rm_dir), "reward_model_type": "api"})
+
+
+@pytest.mark.parametrize(
+    ("stage", "dataset"), [("sft", "dpo_en_demo"), ("dpo", "alpaca_en_demo"), ("rm", "kto_en_demo")]
+)
+def test_ranking_data_only_in_pairwise_stages(cfg, stage, dataset):
+    with pytest.raises(DataError, match="ranking"):
+        train(None, {**cfg, "stage": stage, "dataset": dataset})
+
+
+def test_ref_model_with_orpo_warns_no_effect(cfg, caplog, tiny_model):
+    from lmstack.train.rlhf import check_stage_config
+
+    c = build_config({**cfg, "stage": "dpo", "pref_loss": "orpo", "ref_model": str(tiny_model)})
+    with caplog.at_level(logging.WARNING):
+        check_stage_config(c)
+    assert any("ref_model: has no effect with pref_loss: orpo" in r.message for r in caplog.records)
+
+
+# ---- examples -----------------------------------------------------------------------------------
+STAGE_EXAMPLES = sorted((REPO / "examples").glob("tiny_*.yaml"))
+
+
+def test_every_stage_has_an_example():
+    stages = {load_config(p).finetuning.stage for p in STAGE_EXAMPLES}
+    assert stages >= {"pt", "rm", "dpo", "kto", "ppo", "grpo"}
+
+
+@pytest.mark.parametrize("path", STAGE_EXAMPLES, ids=lambda p: p.name)
+def test_stage_examples_validate(path, monkeypatch):
+    from lmstack.train.rlhf import reward_functions
+
+    cfg = load_config(path)
+    assert cfg.model.model_name_or_path == ".tiny/qwen2"
+    assert cfg.training.output_dir.startswith("saves/")
+    monkeypatch.chdir(REPO)  # reward_funcs paths in the examples are relative to the repo root
+    assert all(callable(f) for f in reward_functions(cfg))
