@@ -87,6 +87,14 @@ def test_lora_sft_learns_and_writes_lf_outputs(base_cfg, tiny_model):
     assert "train_loss" in results and "eval_loss" in results
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["global_step"] == 24
+    # the saved tokenizer chats in the training template (qwen), not the base tokenizer's own
+    from transformers import AutoTokenizer
+
+    from lmstack.templates import get_template
+
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    saved = AutoTokenizer.from_pretrained(out).apply_chat_template(msgs, tokenize=False)
+    assert saved == get_template("qwen").render(msgs) and "You are Qwen" in saved
 
 
 def test_reloaded_adapter_gives_same_logits(base_cfg, tiny_model):
@@ -162,7 +170,7 @@ def _no_model_load(monkeypatch):
         ),
         ({"template": "qwne"}, r"template: got 'qwne'.*did you mean 'qwen'"),
         ({"fp16": True}, r"fp16: needs a CUDA GPU"),
-        ({"stage": "ppo"}, r"stage: 'ppo' is not implemented yet"),
+        ({"stage": "sfft"}, r"stage: got 'sfft'; allowed: .*\(did you mean 'sft'\?\)"),
     ],
 )
 def test_config_errors_before_model_load(base_cfg, monkeypatch, change, pattern):

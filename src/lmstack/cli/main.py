@@ -14,7 +14,7 @@ from lmstack.config.errors import LmstackError
 logger = logging.getLogger("lmstack")
 
 # Subcommands that live in their own module `lmstack.cli.<name>`, each with `register(subparsers)`.
-EXTRA_COMMANDS: tuple[str, ...] = ()
+EXTRA_COMMANDS: tuple[str, ...] = ("check", "export", "chat", "api", "env")
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -26,6 +26,9 @@ def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    from lmstack.reliability import secrets
+
+    secrets.install()  # tokens/keys masked in every log record, warning and uncaught traceback
 
 
 def fields_help() -> str:
@@ -194,8 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except LmstackError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        from lmstack.reliability.secrets import redact
+
+        print(f"error: {redact(str(err))}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)  # 143/130: stopped by SIGTERM/SIGINT after saving
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

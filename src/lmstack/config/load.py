@@ -18,14 +18,8 @@ logger = logging.getLogger(__name__)
 # LLaMA-Factory fields lmstack knows by name but does not implement: a clear error instead of
 # "unknown key" (DESIGN rule 6: unsupported -> error).
 NOT_SUPPORTED = {
-    "use_galore",
-    "use_apollo",
-    "use_badam",
-    "use_muon",
     "use_adam_mini",
     "use_llama_pro",
-    "pissa_init",
-    "loraplus_lr_ratio",
     "quantization_method",
     "use_kt",
     "use_mca",
@@ -34,10 +28,10 @@ NOT_SUPPORTED = {
     "rope_scaling",
     "infer_backend",
     "vllm_maxlen",
-    "streaming",
-    "mix_strategy",
-    "interleave_probs",
-    "tokenized_path",
+    "export_quantization_bit",
+    "export_quantization_dataset",
+    "export_legacy_format",
+    "export_hub_model_id",
     "use_swanlab",
     "ray_num_workers",
     "fp8",
@@ -45,10 +39,6 @@ NOT_SUPPORTED = {
     "oft_rank",
     "predict_with_generate",
     "do_predict",
-    "pref_beta",
-    "pref_loss",
-    "reward_model",
-    "ref_model",
 }
 
 
@@ -149,6 +139,9 @@ def _explain(section: str, err: ValidationError) -> ConfigError:
 
 
 def build_config(flat: dict[str, Any]) -> Config:
+    from lmstack.reliability import secrets
+
+    secrets.register_flat(flat)  # token-like values are masked even in the errors below
     owners = field_owner()
     grouped: dict[str, dict] = {name: {} for name in SECTIONS}
     problems = []
@@ -169,7 +162,9 @@ def build_config(flat: dict[str, Any]) -> Config:
             sections[name] = cls(**grouped[name])
         except ValidationError as err:
             raise _explain(name, err) from None
-    return Config(**sections)
+    cfg = Config(**sections)
+    secrets.register_config(cfg)
+    return cfg
 
 
 def load_config(path: str | Path | None, overrides: list[str] | dict | None = None) -> Config:

@@ -69,6 +69,22 @@ class DataArgs(Section):
     overwrite_cache: bool = Field(False, description="Rebuild the tokenized cache even if it is valid.")
     preprocessing_num_workers: int | None = Field(None, ge=1, description="Processes used for tokenization.")
     preprocessing_batch_size: int = Field(1000, gt=0, description="Records per tokenization batch.")
+    mix_strategy: Literal["concat", "interleave_under", "interleave_over"] = Field(
+        "concat",
+        description="Several datasets: concat | interleave_under (stop when one runs out) | "
+        "interleave_over (until every one is used up, repeating the smaller ones).",
+    )
+    interleave_probs: str | list[float] | None = Field(
+        None, description="Interleave: sampling probability per dataset, e.g. '0.7,0.3' (default: equal)."
+    )
+    streaming: bool = Field(
+        False, description="Tokenize lazily while training instead of up front (needs max_steps > 0)."
+    )
+    buffer_size: int = Field(16384, gt=0, description="Streaming: records in the shuffle buffer.")
+    tokenized_path: str | None = Field(
+        None,
+        description="Save the tokenized data here on the first run; later runs load it (data fields ignored).",
+    )
     packing: bool | None = Field(
         None, description="Pack samples into cutoff_len rows (no cross-sample attention)."
     )
@@ -83,7 +99,11 @@ class DataArgs(Section):
 
 
 class FinetuningArgs(Section):
-    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = Field("sft", description="Training stage.")
+    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto", "grpo", "rloo"] = Field(
+        "sft",
+        description="Training stage: pt | sft | rm (reward model) | dpo (also orpo/simpo via pref_loss) | kto | "
+        "ppo | grpo / rloo (online REINFORCE family with a reward model or reward_funcs).",
+    )
     finetuning_type: Literal["lora", "freeze", "full"] = Field("lora", description="What is trained.")
     lora_rank: int = Field(8, gt=0, description="LoRA rank r.")
     lora_alpha: int | None = Field(None, gt=0, description="LoRA alpha (default 2 x lora_rank).")
@@ -94,6 +114,71 @@ class FinetuningArgs(Section):
     additional_target: str | None = Field(None, description="Extra modules trained fully (modules_to_save).")
     use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling alpha/sqrt(r).")
     use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA).")
+    pissa_init: bool = Field(
+        False, description="Initialise LoRA from the principal singular vectors (PiSSA)."
+    )
+    pissa_iter: int = Field(16, ge=-1, description="PiSSA fast-SVD iterations (-1 = exact SVD).")
+    pissa_convert: bool = Field(
+        False,
+        description="Also save the PiSSA adapter converted to a plain LoRA (output_dir/pissa_converted).",
+    )
+    loraplus_lr_ratio: float | None = Field(
+        None, gt=0, description="LoRA+: learning rate of B = ratio x learning rate of A."
+    )
+    loraplus_lr_embedding: float = Field(
+        1e-6, gt=0, description="LoRA+: learning rate of embedding adapters."
+    )
+    create_new_adapter: bool = Field(
+        False, description="Merge every adapter_name_or_path adapter and train a new one on top."
+    )
+    use_galore: bool = Field(False, description="GaLore: low-rank projected gradients (full/freeze only).")
+    galore_target: str = Field("all", description="GaLore: 'all' linear layers or comma-separated names.")
+    galore_rank: int = Field(16, gt=0, description="GaLore: projection rank.")
+    galore_update_interval: int = Field(200, gt=0, description="GaLore: steps between projection updates.")
+    galore_scale: float = Field(2.0, gt=0, description="GaLore: scale of the projected update.")
+    galore_proj_type: Literal["std", "reverse_std", "right", "left", "full"] = Field(
+        "std", description="GaLore: projection side."
+    )
+    galore_layerwise: bool = Field(
+        False, description="GaLore: step each layer during backward (needs gradient_accumulation_steps: 1)."
+    )
+    use_apollo: bool = Field(False, description="APOLLO: low-rank scaled AdamW (full/freeze only).")
+    apollo_target: str = Field("all", description="APOLLO: 'all' linear layers or comma-separated names.")
+    apollo_rank: int = Field(16, gt=0, description="APOLLO: projection rank.")
+    apollo_update_interval: int = Field(200, gt=0, description="APOLLO: steps between projection updates.")
+    apollo_scale: float = Field(32.0, gt=0, description="APOLLO: update scale.")
+    apollo_proj: Literal["svd", "random"] = Field("random", description="APOLLO: projection kind.")
+    apollo_proj_type: Literal["std", "right", "left"] = Field("std", description="APOLLO: projection side.")
+    apollo_scale_type: Literal["channel", "tensor"] = Field(
+        "channel", description="APOLLO: per-channel or per-tensor scaling."
+    )
+    apollo_layerwise: bool = Field(
+        False, description="APOLLO: step each layer during backward (needs gradient_accumulation_steps: 1)."
+    )
+    apollo_scale_front: bool = Field(
+        False, description="APOLLO: scale the gradient before the norm growth limiter."
+    )
+    use_badam: bool = Field(
+        False, description="BAdam: block-coordinate AdamW, one block at a time (full only)."
+    )
+    badam_mode: Literal["layer", "ratio"] = Field(
+        "layer", description="BAdam: blocks are layers or sparse ratios."
+    )
+    badam_start_block: int | None = Field(None, ge=0, description="BAdam: first block (layer mode).")
+    badam_switch_mode: Literal["ascending", "descending", "random", "fixed"] = Field(
+        "ascending", description="BAdam: order of the blocks (layer mode)."
+    )
+    badam_switch_interval: int = Field(50, gt=0, description="BAdam: optimizer steps per block.")
+    badam_update_ratio: float = Field(0.05, gt=0, le=1, description="BAdam: fraction updated (ratio mode).")
+    badam_mask_mode: Literal["adjacent", "scatter"] = Field(
+        "adjacent", description="BAdam: which entries a ratio-mode block holds."
+    )
+    badam_verbose: int = Field(
+        0, ge=0, le=2, description="BAdam: 0 quiet, 1 block switches, 2 every parameter."
+    )
+    use_muon: bool = Field(
+        False, description="Muon for 2-D non-embedding weights, AdamW for the rest (same as optim: muon)."
+    )
     freeze_trainable_layers: int = Field(
         2, description="Freeze: train the last N layers (negative: first N)."
     )
@@ -104,6 +189,61 @@ class FinetuningArgs(Section):
     compute_accuracy: bool = Field(False, description="Report token accuracy during evaluation.")
     disable_shuffling: bool = Field(False, description="Keep the dataset order.")
     include_effective_tokens_per_second: bool = Field(False, description="Report effective_tokens_per_sec.")
+    # ---- RLHF: dpo / kto / rm / ppo / grpo (REFERENCE §2.3) ----
+    pref_beta: float = Field(
+        0.1, gt=0, description="beta of the preference loss (DPO/IPO/hinge/ORPO/SimPO/KTO)."
+    )
+    pref_ftx: float = Field(0.0, ge=0, description="dpo: weight of an extra SFT loss on the chosen answers.")
+    pref_loss: Literal["sigmoid", "hinge", "ipo", "orpo", "simpo"] = Field(
+        "sigmoid",
+        description="dpo: sigmoid (DPO) | hinge | ipo | orpo | simpo (orpo/simpo use no reference).",
+    )
+    dpo_label_smoothing: float = Field(
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="dpo, sigmoid only: assumed label-noise rate; TRL 1.16 applies it as robust DPO (rDPO).",
+    )
+    simpo_gamma: float = Field(0.5, description="simpo: target reward margin gamma.")
+    kto_chosen_weight: float = Field(1.0, gt=0, description="kto: weight of the desirable examples' loss.")
+    kto_rejected_weight: float = Field(
+        1.0, gt=0, description="kto: weight of the undesirable examples' loss."
+    )
+    ref_model: str | None = Field(
+        None,
+        description="dpo/kto/grpo reference model dir; unset: LoRA uses the base with the adapter disabled, "
+        "full/freeze a frozen copy of the starting model.",
+    )
+    ref_model_adapters: str | None = Field(None, description="Adapter dir loaded onto ref_model.")
+    reward_model: str | None = Field(
+        None,
+        description="ppo/grpo: output_dir of an lmstack `stage: rm` run (adapter or weights + value head).",
+    )
+    reward_model_adapters: str | None = Field(
+        None,
+        description="Not used by lmstack: an rm output dir already holds its adapter; give it as reward_model.",
+    )
+    reward_model_type: Literal["lora", "full", "api"] = Field(
+        "lora",
+        description="ppo/grpo: lora (reward_model holds an adapter) | full (full weights) | api (not supported).",
+    )
+    ppo_buffer_size: int = Field(
+        1, gt=0, description="ppo: mini-batches per rollout batch (rollout = batch size x this)."
+    )
+    ppo_epochs: int = Field(4, gt=0, description="ppo: optimisation epochs over each rollout batch.")
+    ppo_score_norm: bool = Field(
+        False, description="ppo: normalise reward scores with running stats; rloo: normalise the advantages."
+    )
+    ppo_target: float = Field(6.0, gt=0, description="ppo: target KL of the adaptive KL controller.")
+    ppo_whiten_rewards: bool = Field(False, description="ppo: whiten per-token rewards before GAE.")
+    reward_funcs: str | None = Field(
+        None,
+        description="grpo: comma-separated Python reward functions 'pkg.module:function', each called as "
+        "f(prompts=..., completions=..., **columns) -> list[float].",
+    )
+    num_generations: int = Field(
+        4, ge=2, description="grpo: completions sampled per prompt (the group size)."
+    )
 
 
 class TrainingArgs(Section):
@@ -170,6 +310,13 @@ class TrainingArgs(Section):
     torch_compile: bool = Field(False, description="Compile the model with torch.compile.")
     disable_tqdm: bool = Field(False, description="No progress bar.")
     use_cpu: bool = Field(False, description="Train on the CPU even if a GPU is visible.")
+    on_nonfinite: Literal["abort", "skip"] = Field(
+        "abort",
+        description="NaN/Inf loss: abort (stop, naming the step) | skip (no optimizer update that step).",
+    )
+    nonfinite_skip_budget: int = Field(
+        10, ge=0, description="on_nonfinite: skip -> abort once more than this many steps were skipped."
+    )
 
 
 class GeneratingArgs(Section):
@@ -185,7 +332,7 @@ class GeneratingArgs(Section):
 
 class ExportArgs(Section):
     export_dir: str | None = Field(None, description="Where `lmstack export` writes the merged model.")
-    export_size: int = Field(5, gt=0, description="Max GB per safetensors shard.")
+    export_size: float = Field(5, gt=0, description="Max GB per safetensors shard (fractions allowed).")
     export_device: Literal["cpu", "auto"] = Field("cpu", description="Device used for merging.")
     export_overwrite: bool = Field(False, description="Allow writing into a non-empty export_dir.")
 

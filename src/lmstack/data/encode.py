@@ -20,11 +20,14 @@ class EncodeOptions:
 
 
 class DropExample(ValueError):
-    """The example cannot be trained on; `reason` is counted in the data report."""
+    """The example cannot be trained on; counted in the data report by `kind` (default: the reason).
+    `field` is the record's field path when one field is to blame (e.g. the empty answer)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, field: str | None = None, kind: str | None = None):
         super().__init__(reason)
         self.reason = reason
+        self.field = field
+        self.kind = kind or reason
 
 
 def infer_seqlen(source_len: int, target_len: int, budget: int) -> tuple[int, int]:
@@ -57,10 +60,15 @@ def _encode_kwargs(template: Any, example: dict, opts: EncodeOptions) -> dict:
 
 def encode_supervised(example: dict, tokenizer: Any, template: Any, opts: EncodeOptions) -> tuple[dict, bool]:
     """Returns ({input_ids, labels}, truncated). Every assistant turn is trained unless mask_history."""
+    where = example.get("response_field")
     if not example["response"]:
-        raise DropExample("empty response")
-    if len(example["response"]) != 1 or not example["response"][0]["content"].strip():
-        raise DropExample("empty response" if len(example["response"]) == 1 else "expected one response")
+        raise DropExample(
+            "missing field: the record has no answer (plain text is for stage: pt)", where, "missing field"
+        )
+    if len(example["response"]) != 1:
+        raise DropExample("expected one response", where)
+    if not example["response"][0]["content"].strip():
+        raise DropExample("empty response", where)
     messages = example["prompt"] + example["response"]
     pairs = template.encode_multiturn(tokenizer, messages, **_encode_kwargs(template, example, opts))
     if opts.mask_history:
@@ -68,6 +76,7 @@ def encode_supervised(example: dict, tokenizer: Any, template: Any, opts: Encode
     input_ids: list[int] = []
     labels: list[int] = []
     truncated = False
+    trained = 0
     for turn, (src, tgt) in enumerate(pairs):
         budget = opts.cutoff_len - len(input_ids)
         if budget <= 0:
@@ -78,13 +87,16 @@ def encode_supervised(example: dict, tokenizer: Any, template: Any, opts: Encode
         src, tgt = src[:src_len], tgt[:tgt_len]
         src_labels = list(src) if opts.train_on_prompt else [IGNORE_INDEX] * len(src)
         tgt_labels = list(tgt) if (not opts.mask_history or turn == 0) else [IGNORE_INDEX] * len(tgt)
+        trained += (len(src) if opts.train_on_prompt else 0) + (
+            len(tgt) if not opts.mask_history or turn == 0 else 0
+        )
         if opts.mask_history:
             input_ids = src + tgt + input_ids
             labels = src_labels + tgt_labels + labels
         else:
             input_ids += src + tgt
             labels += src_labels + tgt_labels
-    if all(label == IGNORE_INDEX for label in labels):
+    if trained == 0:
         raise DropExample("no trainable tokens after truncation to cutoff_len")
     return {"input_ids": input_ids, "labels": labels}, truncated
 
@@ -102,4 +114,25 @@ def encode_pretrain(example: dict, tokenizer: Any, template: Any, opts: EncodeOp
     return {"input_ids": ids, "labels": list(ids)}, truncated
 
 
-ENCODERS = {"sft": encode_supervised, "pt": encode_pretrain}
+def _pref(name: str):
+    """Encoders of the preference/RL stages live in data/encode_pref.py (which imports this module)."""
+
+    def encode(example: dict, tokenizer: Any, template: Any, opts: EncodeOptions) -> tuple[dict, bool]:
+        from lmstack.data import encode_pref
+
+        return getattr(encode_pref, name)(example, tokenizer, template, opts)
+
+    encode.__name__ = name
+    return encode
+
+
+ENCODERS = {
+    "sft": encode_supervised,
+    "pt": encode_pretrain,
+    "rm": _pref("encode_pairwise"),
+    "dpo": _pref("encode_pairwise"),
+    "kto": _pref("encode_kto"),
+    "ppo": _pref("encode_prompt_only"),
+    "grpo": _pref("encode_prompt_only"),
+    "rloo": _pref("encode_prompt_only"),
+}

@@ -11,6 +11,8 @@ from lmstack.config.schema import Config
 
 logger = logging.getLogger(__name__)
 LAYER_RE = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
+PISSA_INIT = "pissa_init"  # output_dir subfolders written with pissa_convert: true
+PISSA_CONVERTED = "pissa_converted"
 
 
 def find_all_linear_modules(model: Any) -> list[str]:
@@ -67,15 +69,17 @@ def _lora_targets(cfg: Config, model: Any) -> list[str]:
 def apply_lora(cfg: Config, model: Any, is_trainable: bool = True) -> Any:
     from peft import LoraConfig, PeftModel, get_peft_model
 
+    ft = cfg.finetuning
     adapters = [a.strip() for a in (cfg.model.adapter_name_or_path or "").split(",") if a.strip()]
-    for path in adapters[:-1]:  # earlier adapters are merged into the base
+    # earlier adapters are merged into the base; with create_new_adapter the last one too
+    to_merge = adapters if ft.create_new_adapter else adapters[:-1]
+    for path in to_merge:
         model = PeftModel.from_pretrained(model, path).merge_and_unload()
         logger.info("merged adapter %s", path)
-    if adapters:
+    if adapters and not ft.create_new_adapter:
         model = PeftModel.from_pretrained(model, adapters[-1], is_trainable=is_trainable)
         logger.info("resumed adapter %s", adapters[-1])
         return model
-    ft = cfg.finetuning
     config = LoraConfig(
         task_type="CAUSAL_LM",
         r=ft.lora_rank,
@@ -84,11 +88,21 @@ def apply_lora(cfg: Config, model: Any, is_trainable: bool = True) -> Any:
         target_modules=_lora_targets(cfg, model),
         use_rslora=ft.use_rslora,
         use_dora=ft.use_dora,
+        init_lora_weights=_init_lora_weights(cfg),
         modules_to_save=[m.strip() for m in ft.additional_target.split(",")]
         if ft.additional_target
         else None,
     )
     return get_peft_model(model, config)
+
+
+def _init_lora_weights(cfg: Config) -> bool | str:
+    """PEFT's init switch: PiSSA moves the top-r singular directions of W into A, B (W keeps the rest)."""
+    if not cfg.finetuning.pissa_init:
+        return True
+    if cfg.finetuning.pissa_iter == -1:
+        return "pissa"
+    return f"pissa_niter_{cfg.finetuning.pissa_iter}"
 
 
 def apply_freeze(cfg: Config, model: Any) -> Any:
@@ -123,6 +137,10 @@ def setup_finetuning(cfg: Config, model: Any) -> Any:
     if kind == "lora":
         logger.info("Fine-tuning method: LoRA")
         model = apply_lora(cfg, model)
+        from lmstack.models.kernels import cast_adapters_to_base_dtype
+
+        if cast_adapters_to_base_dtype(model):  # PEFT keeps fp32 adapters on a bf16 base: 1.4-1.55x slower
+            logger.info("LoRA adapters kept in bf16 like the frozen base")
     elif kind == "freeze":
         model = apply_freeze(cfg, model)
     else:

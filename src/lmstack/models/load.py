@@ -87,7 +87,25 @@ def attention_implementation(cfg: Config, device_type: str) -> str | None:
     """Map `flash_attn` to transformers' attn_implementation; `auto` picks the best available."""
     choice = cfg.model.flash_attn
     if choice == "auto":
-        return "sdpa"
+        # packed rows on a GPU: flex_attention's document-causal BlockMask skips the masked blocks
+        # (3.7x faster than SDPA on a packed row, REFERENCE); SDPA with a dense mask is slower than padding
+        import importlib.util
+
+        has_fa2 = device_type == "cuda" and importlib.util.find_spec("flash_attn") is not None
+        packed = bool(cfg.data.packing or cfg.data.neat_packing)
+        if packed and device_type == "cuda" and not has_fa2:  # FA2 (varlen from position_ids) wins if present
+            logger.info("flash_attn: auto -> flex_attention (packed rows: document-causal BlockMask)")
+            return "flex_attention"
+        chosen = "flash_attention_2" if has_fa2 else "sdpa"
+        why = (
+            "flash-attn is installed"
+            if has_fa2
+            else "flash-attn not installed"
+            if device_type == "cuda"
+            else "CPU"
+        )
+        logger.info("flash_attn: auto -> %s (%s)", chosen, why)
+        return chosen
     if choice in ("fa2", "fa3"):
         import importlib.util
 
@@ -98,6 +116,44 @@ def attention_implementation(cfg: Config, device_type: str) -> str | None:
                 f"(pip install flash-attn); use flash_attn: sdpa or auto instead"
             )
     return ATTN_IMPL[choice]
+
+
+# stages whose loss needs the logits (pairwise / preference / RL): no fused linear cross-entropy
+LOGIT_STAGES = ("rm", "dpo", "kto", "ppo", "grpo")
+
+
+def apply_liger_kernel(cfg: Config, model: Any) -> bool:
+    """`enable_liger_kernel`: Liger's fused kernels for the model family; fused linear
+    cross-entropy only when the stage never needs the logits. Missing package or an unsupported
+    family -> a warning and training continues without it. Returns whether kernels were applied."""
+    if not cfg.model.enable_liger_kernel:
+        return False
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:
+        logger.warning(
+            "enable_liger_kernel: the liger-kernel package is not installed (pip install liger-kernel); "
+            "training continues without Liger's kernels"
+        )
+        return False
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        logger.warning(
+            "enable_liger_kernel: Liger has no kernels for model type %r (supported: %s); "
+            "training continues without them",
+            model_type,
+            ", ".join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN)),
+        )
+        return False
+    fused_ce = cfg.finetuning.stage not in LOGIT_STAGES and not cfg.finetuning.compute_accuracy
+    _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=fused_ce)
+    logger.info(
+        "enable_liger_kernel: Liger kernels applied to %s (%s)",
+        model_type,
+        "fused linear cross-entropy" if fused_ce else "no fused cross-entropy: this stage needs the logits",
+    )
+    return True
 
 
 def compute_dtype(cfg: Config) -> Any:
@@ -114,11 +170,16 @@ def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
     """Weights are loaded in fp32 for mixed precision (master weights), or in the compute dtype for
     frozen LoRA bases on GPU and for pure_bf16; the Trainer's autocast does the rest."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
+    # `seed` covers init: random-init weights and adapter init (LoRA A) are the same in every
+    # process and launch mode (one process, torchrun, accelerate), whatever ran before
+    set_seed(cfg.training.seed)
     dtype = compute_dtype(cfg)
-    keep_half = cfg.finetuning.pure_bf16 or (
-        cfg.finetuning.finetuning_type == "lora" and device_type == "cuda"
+    keep_half = (
+        cfg.finetuning.pure_bf16
+        or cfg.finetuning.use_badam  # BAdam keeps weights in half precision, fp32 copies of one block only
+        or (cfg.finetuning.finetuning_type == "lora" and device_type == "cuda")
     )
     load_dtype = dtype if keep_half else torch.float32
     attn = attention_implementation(cfg, device_type)
@@ -127,12 +188,16 @@ def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
     if cfg.model.train_from_scratch:
         model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation=attn)
     else:
+        from lmstack.models.quantization import quantization_config, quantized_device_map
+
+        quant = quantization_config(cfg, dtype)
         model = AutoModelForCausalLM.from_pretrained(
             cfg.model.model_name_or_path,
             config=config,
             dtype=load_dtype,
             attn_implementation=attn,
             low_cpu_mem_usage=cfg.model.low_cpu_mem_usage,
+            **({"quantization_config": quant, "device_map": quantized_device_map(cfg)} if quant else {}),
             **_hub_kwargs(cfg),
         )
     if cfg.model.resize_vocab and model.get_input_embeddings().weight.shape[0] < len(tokenizer):
@@ -149,4 +214,5 @@ def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
         str(load_dtype).replace("torch.", ""),
         model.config._attn_implementation,
     )
+    apply_liger_kernel(cfg, model)
     return model

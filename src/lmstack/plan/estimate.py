@@ -8,6 +8,7 @@ from lmstack.plan import memory as mem
 from lmstack.plan.model_spec import ModelSpec
 
 FINETUNING_TYPES = ("full", "freeze", "lora")
+OPTIMIZERS = ("adamw", "galore", "apollo", "badam", "muon")  # use_galore | use_apollo | use_badam | use_muon
 ATTENTIONS = ("flash", "sdpa", "eager")
 FSDP_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}  # FSDP mode -> equivalent ZeRO stage
 
@@ -33,6 +34,8 @@ class Setup:
     gradient_checkpointing: bool = False
     attention: str = "sdpa"
     fused_ce: bool = False
+    optimizer: str = "adamw"  # OPTIMIZERS
+    optimizer_rank: int = 16  # galore_rank / apollo_rank
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,10 @@ def validate_setup(s: Setup) -> None:
             f"quantization_bit: got {s.quantization_bit} with finetuning_type {s.finetuning_type!r}; "
             "quantized training needs finetuning_type: lora (QLoRA)"
         )
+    if s.optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer: got {s.optimizer!r}; allowed: {' | '.join(OPTIMIZERS)}")
+    if s.optimizer != "adamw" and s.finetuning_type == "lora":
+        raise ValueError(f"use_{s.optimizer}: a full-parameter optimizer, not for finetuning_type: lora")
     if s.offload_param and s.deepspeed_stage != 3:
         raise ValueError("offload_param: needs deepspeed stage 3 (parameter offload is a ZeRO-3 feature)")
     if s.offload_optimizer and not s.deepspeed_stage:
@@ -97,6 +104,38 @@ def _frozen_weight_bytes(spec: ModelSpec, frozen: int, s: Setup) -> float:
     return mem.quantized_weight_bytes(linear, spec.num_params - linear, s.quantization_bit)
 
 
+def _optimizer_states(spec: ModelSpec, s: Setup, trainable: int, k: int) -> tuple[float, float]:
+    """(grad bytes, optimizer bytes) of the memory-saving optimizers, before partitioning.
+
+    GaLore/APOLLO: master copy for all + projected moments for the linear matrices (low_rank_state_elements);
+    Muon: master + one momentum for the linear matrices, Adam m+v for the rest; BAdam: only the active
+    block (one decoder layer) has grads, an fp32 copy and Adam m+v (weights stay bf16).
+    """
+    if s.optimizer == "badam":
+        block = min(spec.layer_params, trainable)
+        return mem.BF16_BYTES * block, (mem.FP32_BYTES + 2 * mem.FP32_BYTES) * block
+    moments = 2 * mem.FP32_BYTES if k == mem.ADAM_K_MIXED else 2 * mem.BF16_BYTES
+    master, element = k - moments, moments // 2
+    share = trainable / max(spec.num_params, 1)  # freeze-tuning: the trainable share of the matrices
+    linear = spec.linear_params * share
+    if s.optimizer == "muon":
+        projected = mem.MUON_STATES * linear
+    else:
+        projected = share * sum(
+            g.count * mem.low_rank_state_elements(*_matrix_shape(g), s.optimizer_rank)
+            for g in spec.linear_groups
+        )
+    optim = master * trainable + moments * (trainable - linear) + element * projected
+    return mem.BF16_BYTES * trainable, optim
+
+
+def _matrix_shape(group) -> tuple[int, int]:
+    """(rows, cols) of one matrix of a LinearGroup from its sums of in*out and in+out."""
+    product, total = group.weight_params / group.count, group.in_plus_out / group.count
+    small = (total - max(total * total - 4 * product, 0.0) ** 0.5) / 2
+    return round(small), round(total - small)
+
+
 def model_states(spec: ModelSpec, s: Setup) -> _States:
     """Weights/grads/optimizer/adapters per GPU after ZeRO/FSDP partitioning and offload."""
     trainable, frozen, adapter = _trainable_frozen(spec, s)
@@ -111,6 +150,8 @@ def model_states(spec: ModelSpec, s: Setup) -> _States:
     grads = mem.BF16_BYTES * trainable
     fp32_grads = mem.DS_FP32_GRAD_PARTITION_BYTES * trainable if deepspeed else 0.0
     optim = k * trainable
+    if s.optimizer != "adamw":
+        grads, optim = _optimizer_states(spec, s, trainable, k)
     ad_w, ad_g, ad_o = (
         adapter * b for b in (mem.ADAPTER_WEIGHT_BYTES, mem.ADAPTER_GRAD_BYTES, mem.ADAPTER_OPTIM_BYTES)
     )

@@ -39,6 +39,14 @@ def deepspeed_settings(path: str | None) -> dict:
     }
 
 
+def _optimizer(cfg: Config) -> str:
+    """use_galore | use_apollo | use_badam | use_muon (or optim: muon) -> the planner's optimizer name."""
+    for name in ("galore", "apollo", "badam", "muon"):
+        if getattr(cfg.finetuning, f"use_{name}"):
+            return name
+    return "muon" if cfg.training.optim == "muon" else "adamw"
+
+
 def request_from_config(
     cfg: Config,
     gpus: int,
@@ -68,5 +76,9 @@ def request_from_config(
         cpu_memory_gib=cpu_memory_gib,
         pure_bf16=cfg.finetuning.pure_bf16,
         freeze_trainable_layers=cfg.finetuning.freeze_trainable_layers,
+        optimizer=_optimizer(cfg),
+        optimizer_rank=cfg.finetuning.apollo_rank
+        if cfg.finetuning.use_apollo
+        else cfg.finetuning.galore_rank,
         **deepspeed_settings(cfg.training.deepspeed),
     )

@@ -33,6 +33,10 @@ NF4_ABSMAX_BITS = 8
 NF4_SECOND_BLOCK = 256
 NF4_SECOND_SCALE_BITS = 32
 INT8_BYTES = 1.0  # LLM.int8: 1 B/param (+ per-row fp32 scales, negligible)
+# GaLore (Zhao et al. 2024) / APOLLO (Zhu et al. 2025): Adam's m and v of a projected m x n matrix
+# (m <= n) live in an r x n space, plus the m x r projector -> r*(2n + m) elements instead of 2mn.
+# Muon keeps one momentum buffer per hidden-matrix element (no second moment).
+MUON_STATES = 1
 # DeepSpeed ZeRO-3 estimator: 4 x largest_layer_params of live, gathered bf16 params+grads.
 ZERO3_LIVE_GATHER_BYTES = 4
 # DeepSpeed estimators multiply CPU needs by this buffer factor (additional_buffer_factor).
@@ -92,6 +96,13 @@ def quantized_weight_bytes(linear_params: int, other_params: int, bits: int | No
     if per_param is None:
         raise ValueError(f"quantization_bit: got {bits}; allowed: 4 | 8 | null")
     return per_param * linear_params + BF16_BYTES * other_params
+
+
+def low_rank_state_elements(rows: int, cols: int, rank: int) -> int:
+    """GaLore/APOLLO optimizer elements of one rows x cols matrix: r*(2*max + min), r <= min side."""
+    small, big = sorted((rows, cols))
+    r = min(rank, small)
+    return r * (2 * big + small)
 
 
 def zero_paper_model_states(psi: float, stage: int, n: int, k: int = ADAM_K_MIXED) -> float:

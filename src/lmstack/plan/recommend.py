@@ -73,6 +73,8 @@ class PlanRequest:
     cpu_memory_gib: float | None = None  # per node; None = not checked
     pure_bf16: bool = False
     freeze_trainable_layers: int = 2
+    optimizer: str = "adamw"  # adamw | galore | apollo | badam | muon
+    optimizer_rank: int = 16
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,8 @@ def _base_setup(req: PlanRequest) -> Setup:
         deepspeed_stage=stage, offload_optimizer=req.offload_optimizer, offload_param=req.offload_param,
         fsdp=req.fsdp_sharding if req.fsdp else None, micro_batch=req.micro_batch or 1,
         seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing),
-        attention=req.attention, fused_ce=bool(req.fused_ce),
+        attention=req.attention, fused_ce=bool(req.fused_ce), optimizer=req.optimizer,
+        optimizer_rank=req.optimizer_rank,
     )  # fmt: skip
 
 
@@ -171,9 +174,9 @@ def _apply(base: Setup, st: Strategy, ckpt: bool, mb: int, fused: bool, attn: st
         fused_ce=fused, attention=attn,
     )  # fmt: skip
     if st.method == "lora":
-        s = replace(s, finetuning_type="lora", quantization_bit=None)
+        s = replace(s, finetuning_type="lora", quantization_bit=None, optimizer="adamw")
     elif st.method == "qlora4":
-        s = replace(s, finetuning_type="lora", quantization_bit=4)
+        s = replace(s, finetuning_type="lora", quantization_bit=4, optimizer="adamw")
     return s
 
 
@@ -255,6 +258,8 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
         ch.update(finetuning_type="lora", lora_rank=s.lora_rank, lora_target="all")
     if s.quantization_bit != req.quantization_bit:
         ch["quantization_bit"] = s.quantization_bit
+    if s.optimizer != req.optimizer:
+        ch[f"use_{req.optimizer}"] = False
     return ch
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import save_config
 from lmstack.config.schema import Config
+from lmstack.launch.prepare import deepspeed_for_trainer
 
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "lmstack_config.yaml"
@@ -25,6 +27,10 @@ OWN_OUTPUTS = (
     "all_results.json",
     "training_loss.png",
     "training_eval_loss.png",
+    "run_manifest.json",
+    "value_head.safetensors",  # rm / ppo
+    "training_rewards_accuracies.png",  # dpo
+    "training_rewards_chosen.png",  # kto
     CONFIG_FILE,
 )
 
@@ -57,26 +63,38 @@ def last_checkpoint(output_dir: Path) -> Path | None:
 
 def prepare_output_dir(cfg: Config) -> str | None:
     """Returns the checkpoint to resume from (or None). Refuses to mix runs silently."""
+    from lmstack.reliability.checkpoint import clean_staging, select_resume_checkpoint, verify_checkpoint
+
     out = Path(cfg.training.output_dir)
     resume = cfg.training.resume_from_checkpoint
+    if os.environ.get("RANK", "0") == "0":
+        clean_staging(out)  # folders of saves killed midway
     if resume == "auto":
-        found = last_checkpoint(out) if out.is_dir() else None
-        logger.info("resume_from_checkpoint: auto -> %s", found or "no checkpoint found, starting fresh")
+        found = select_resume_checkpoint(out)  # newest with a valid manifest; skipped ones are logged
+        logger.info(
+            "resume_from_checkpoint: auto -> %s", found or "no complete checkpoint found, starting fresh"
+        )
         return str(found) if found else None
     if resume is not None:
         if not Path(resume).is_dir():
             raise ConfigError(
                 f"resume_from_checkpoint: {resume} is not a directory; give a checkpoint-N folder or `auto`"
             )
+        reason = verify_checkpoint(Path(resume))
+        if reason:
+            raise ConfigError(
+                f"resume_from_checkpoint: {resume} is not a complete checkpoint: {reason}; "
+                "give another checkpoint-N folder or `auto` (the newest complete one)"
+            )
         return resume
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(p.name != "data_report.json" for p in out.iterdir()):  # `lmstack check` writes it
         if not cfg.training.overwrite_output_dir:
             raise ConfigError(
                 f"output_dir: {out} already exists and is not empty; set overwrite_output_dir: true "
                 "to replace it, or resume_from_checkpoint: auto to continue the run"
             )
-        for ckpt in out.glob("checkpoint-*"):
-            shutil.rmtree(ckpt)
+        for ckpt in [*out.glob("checkpoint-*"), *out.glob(".checkpoint-*")]:
+            shutil.rmtree(ckpt, ignore_errors=True)
         for name in OWN_OUTPUTS:
             (out / name).unlink(missing_ok=True)
     return None
@@ -117,12 +135,13 @@ def training_arguments(cfg: Config, device: str) -> Any:
         report_to=t.report_to,
         dataloader_num_workers=t.dataloader_num_workers,
         ddp_timeout=t.ddp_timeout,
-        deepspeed=t.deepspeed,
+        deepspeed=deepspeed_for_trainer(cfg),  # validated JSON, lmstack's own "auto" resolved
         torch_compile=t.torch_compile,
         disable_tqdm=t.disable_tqdm,
         use_cpu=device == "cpu",
         remove_unused_columns=False,
         include_num_input_tokens_seen="non_padding",
+        logging_nan_inf_filter=False,  # a NaN/Inf loss is logged as such (on_nonfinite decides what happens)
         train_sampling_strategy="sequential" if cfg.finetuning.disable_shuffling else "random",
     )
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -152,6 +171,16 @@ def enable_gradient_checkpointing(cfg: Config, model: Any) -> None:
     if cfg.finetuning.finetuning_type != "full":
         model.enable_input_require_grads()  # frozen embeddings: reentrant checkpoints need a grad-requiring input
     logger.info("gradient checkpointing enabled")
+
+
+def save_template_in_tokenizer(tokenizer: Any, template: Any) -> None:
+    """The saved tokenizer chats in the training format (a built-in template becomes its Jinja twin),
+    so inference from output_dir matches training (LF pitfall #7978)."""
+    from lmstack.infer.chat_template import to_jinja
+    from lmstack.templates.template import Template
+
+    if isinstance(template, Template):
+        tokenizer.chat_template = to_jinja(template)
 
 
 class PadCollator:
@@ -209,6 +238,8 @@ def make_callbacks(cfg: Config) -> list:
                 "total_steps": state.max_steps,
                 "loss": logs.get("loss"),
                 "eval_loss": logs.get("eval_loss"),
+                "reward": logs.get("rewards/chosen", logs.get("reward")),  # dpo/kto (LF's key); grpo
+                "accuracy": logs.get("rewards/accuracies", logs.get("accuracy")),  # dpo; rm
                 "lr": logs.get("learning_rate"),
                 "epoch": round(state.epoch or 0.0, 4),
                 "percentage": round(100 * state.global_step / max(state.max_steps, 1), 2),
@@ -226,7 +257,9 @@ def make_callbacks(cfg: Config) -> list:
             if args.save_strategy != "no" and state.global_step >= state.max_steps:
                 control.should_save = True
 
-    return [LogCallback(), SaveLastStep()]
+    from lmstack.reliability.trainer import manifest_callback
+
+    return [LogCallback(), SaveLastStep(), manifest_callback()]  # manifest: only where `reliable` is not used
 
 
 def _hms(seconds: float) -> str:
@@ -247,6 +280,12 @@ def save_outputs(cfg: Config, trainer: Any, train_result: Any) -> None:
         trainer.save_metrics("eval", eval_metrics)
     if trainer.is_world_process_zero():
         save_config(cfg, Path(cfg.training.output_dir) / CONFIG_FILE)
+        from lmstack.reliability.manifest import RUN_MANIFEST, write_run_manifest
+
+        if not (
+            Path(cfg.training.output_dir) / RUN_MANIFEST
+        ).is_file():  # `reliable` trainers wrote it at start
+            write_run_manifest(cfg)
         if cfg.finetuning.plot_loss:
             from lmstack.train.plots import plot_metrics
 

@@ -37,23 +37,65 @@ def preflight(cfg: Config) -> None:
         )
     if cfg.finetuning.finetuning_type != "lora" and cfg.model.adapter_name_or_path:
         raise ConfigError("adapter_name_or_path: adapters need finetuning_type: lora")
+    from lmstack.models.quantization import check_quantization
+    from lmstack.train.method_rules import check_methods
+
+    check_methods(cfg)  # LoRA variants, GaLore/APOLLO/BAdam/Muon and how they combine
+    check_quantization(cfg)  # QLoRA: GPU present, LoRA, sharding rules
+    from lmstack.data.packing import check_packing_config
+
+    check_packing_config(cfg)  # packing stage/streaming/max_tokens_per_batch rules
+    from lmstack.train.rlhf import check_stage_config
+
+    check_stage_config(cfg)  # sft-only fields elsewhere, rewards, reference models, kto/grpo batch rules
     if cfg.training.gradient_checkpointing == "auto":
         cfg.training.gradient_checkpointing = resolve_checkpointing(cfg)
 
 
-def resolve_checkpointing(cfg: Config) -> bool:
+def resolve_checkpointing(cfg: Config, gpu_memory_gib: float | None = None) -> bool:
+    """`auto`: recompute only when the planner's memory estimate says the run does not fit without it."""
+    import os
+    from dataclasses import replace
+
     import torch
 
-    if not torch.cuda.is_available() or cfg.training.use_cpu:
-        logger.info("gradient_checkpointing: auto -> false (CPU run: memory is not the limit)")
-        return False
-    return True
+    if gpu_memory_gib is None:
+        if not torch.cuda.is_available() or cfg.training.use_cpu:
+            logger.info("gradient_checkpointing: auto -> false (CPU run: memory is not the limit)")
+            return False
+        gpu_memory_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    from lmstack.data.packing import packing_enabled, row_capacity
+    from lmstack.plan import resolve_auto
+    from lmstack.plan.from_config import request_from_config
+
+    gpus = int(os.environ.get("WORLD_SIZE") or max(torch.cuda.device_count(), 1))
+    try:
+        req = request_from_config(cfg, gpus=gpus, gpu_memory_gib=gpu_memory_gib)
+        # sft/pt train through a fused linear CE (models/kernels.py); packed rows hold row_capacity tokens
+        fused = cfg.finetuning.stage in ("sft", "pt") or bool(req.fused_ce)
+        req = replace(req, fused_ce=fused, seq_len=row_capacity(cfg) if packing_enabled(cfg) else req.seq_len)
+        decision = resolve_auto(req)
+    except (ConfigError, OSError, ValueError, KeyError) as err:
+        logger.warning("gradient_checkpointing: auto -> true (no memory estimate for this model: %s)", err)
+        return True
+    choice = bool(decision.get("gradient_checkpointing", True))
+    logger.info("gradient_checkpointing: auto -> %s; %s", str(choice).lower(), decision["message"])
+    return choice
 
 
 def train(config_path: str | None, overrides: list[str] | dict | None = None) -> dict:
     cfg = load_config(config_path, overrides)
     preflight(cfg)
+    from lmstack.launch import dist, prepare
     from lmstack.train import STAGES
+
+    # launcher: conflict rules, DeepSpeed checks, torchrun relaunch (CLI path with > 1 GPU, or
+    # FORCE_TORCHRUN=1), then the data tokenized once per node before the stage runs
+    launched = prepare.relaunch_if_needed(cfg, config_path, overrides)
+    if launched is not None:
+        return launched
+    prepare.prepare_worker(cfg)
+    dist.tokenize_on_main_first(cfg)
 
     logger.info(
         "stage %s, finetuning_type %s, output_dir %s",

@@ -38,8 +38,8 @@ def test_missing_required_field():
 
 
 def test_unsupported_lf_field_is_an_error_not_ignored():
-    with pytest.raises(ConfigError, match="use_galore: a LLaMA-Factory field lmstack does not support yet"):
-        build_config({**BASE, "use_galore": True})
+    with pytest.raises(ConfigError, match="use_kt: a LLaMA-Factory field lmstack does not support yet"):
+        build_config({**BASE, "use_kt": True})
 
 
 def test_repeated_key_same_value_warns_once(tmp_path, caplog):
