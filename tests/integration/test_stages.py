@@ -45,11 +45,13 @@ def test_pt_packs_text_and_loss_falls(cfg, caplog):
         "per_device_train_batch_size": 8,
         "lr_scheduler_type": "constant",
     }
-    with caplog.at_level(logging.INFO, logger="lmstack.train.pt"):
+    with caplog.at_level(logging.INFO, logger="lmstack"):
         train(None, run)
     out = Path(run["output_dir"])
-    packed = [r.message for r in caplog.records if "pt packing" in r.message]
-    assert packed and "rows of cutoff_len=64" in packed[0] and "tail tokens dropped" in packed[0]
+    split = [r.message for r in caplog.records if "pieces of at most cutoff_len=64" in r.message]
+    assert split and "none dropped" in split[0]
+    packed = [r.message for r in caplog.records if "attention never crosses samples" in r.message]
+    assert packed, [r.message for r in caplog.records]
     losses = series(out, "loss")
     assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.3, losses
     assert (out / "adapter_model.safetensors").is_file()
@@ -382,7 +384,7 @@ def test_rl_stages_run_with_an_rm_stage_reward_model(cfg, rm_dir, stage):
     [
         ({"stage": "dpo", "dataset": "dpo_en_demo", "train_on_prompt": True}, "train_on_prompt"),
         ({"stage": "rm", "dataset": "dpo_en_demo", "mask_history": True}, "mask_history"),
-        ({"stage": "pt", "dataset": "c4_demo", "neat_packing": True}, "neat_packing"),
+        ({"stage": "kto", "dataset": "kto_en_demo", "neat_packing": True}, "neat_packing"),
         ({"stage": "ppo"}, "reward_model: stage ppo needs a reward"),
         ({"stage": "ppo", "reward_model": "/nonexistent/rm"}, "reward_model: directory not found"),
         ({"stage": "grpo", "reward_funcs": "no_such_module:f"}, "reward_funcs: cannot import"),

@@ -62,8 +62,9 @@ def check_packing_config(cfg: Config) -> None:
                 "tokenized set); set streaming: false or packing: false"
             )
         if cfg.finetuning.stage not in ("sft", "pt"):
+            field = "packing" if cfg.data.packing else "neat_packing"
             raise ConfigError(
-                f"packing: supported for stage sft and pt, not {cfg.finetuning.stage}; set packing: false"
+                f"{field}: supported for stage sft and pt, not {cfg.finetuning.stage}; remove it"
             )
         row_capacity(cfg)
 

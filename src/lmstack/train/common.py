@@ -173,6 +173,42 @@ def enable_gradient_checkpointing(cfg: Config, model: Any) -> None:
     logger.info("gradient checkpointing enabled")
 
 
+def tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
+    """The tokenizer, the template (by name, or from the tokenizer's own chat template), fixed up."""
+    from lmstack.models.load import load_tokenizer
+    from lmstack.templates import get_template
+
+    tokenizer = load_tokenizer(cfg)
+    template = get_template(cfg.data.template, tokenizer)
+    for note in template.fix_tokenizer(tokenizer):
+        logger.info(note)
+    return tokenizer, template
+
+
+def build_trainer(
+    cfg: Config, model: Any, tokenizer: Any, train: Any, evals: Any, collator: Any, device: str
+) -> Any:
+    """transformers.Trainer made reliable (staged checkpoints + manifest, SIGTERM save, on_nonfinite),
+    with lmstack's callbacks and the method optimizer (LoRA+, GaLore, APOLLO, BAdam, Muon) if any."""
+    from transformers import Trainer
+
+    from lmstack.reliability.trainer import reliable
+    from lmstack.train.optimizers import create_optimizer, method_callbacks
+
+    args = training_arguments(cfg, device)
+    return reliable(Trainer)(
+        lmstack_cfg=cfg,
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=evals,
+        data_collator=collator,
+        processing_class=tokenizer,
+        callbacks=make_callbacks(cfg) + method_callbacks(cfg),
+        optimizers=(create_optimizer(cfg, model, args), None),  # None: the Trainer builds it from `optim`
+    )
+
+
 def save_template_in_tokenizer(tokenizer: Any, template: Any) -> None:
     """The saved tokenizer chats in the training format (a built-in template becomes its Jinja twin),
     so inference from output_dir matches training (LF pitfall #7978)."""

@@ -18,8 +18,8 @@ from lmstack.config.schema import Config
 from lmstack.data.encode import IGNORE_INDEX
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model, load_tokenizer
-from lmstack.templates import get_template
+from lmstack.models.load import load_model
+from lmstack.reliability.trainer import reliable
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
@@ -31,10 +31,7 @@ def run(cfg: Config) -> dict:
     common.check_precision(cfg, device)
     resume = common.prepare_output_dir(cfg)
 
-    tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer)
-    for note in template.fix_tokenizer(tokenizer):
-        logger.info(note)
+    tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
     train_ds = rlhf.to_dataset(data.train, rlhf.pairwise_columns)
     eval_ds = rlhf.to_dataset(data.eval, rlhf.pairwise_columns) if data.eval is not None else None
@@ -58,6 +55,7 @@ def build_trainer(
 ) -> Any:
     ft = cfg.finetuning
     common_kwargs = dict(
+        lmstack_cfg=cfg,  # every trainer below is `reliable`: staged checkpoints, SIGTERM save, on_nonfinite
         model=model,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
@@ -68,7 +66,7 @@ def build_trainer(
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
         args = rlhf.trl_config(cfg, device, ORPOConfig, beta=ft.pref_beta, max_length=cfg.data.cutoff_len)
-        return _rows_trainer(ORPOTrainer)(args=args, **common_kwargs)
+        return reliable(_rows_trainer(ORPOTrainer))(args=args, **common_kwargs)
     if ft.pref_loss == "simpo":
         from trl.experimental.cpo import CPOConfig, CPOTrainer
 
@@ -82,7 +80,7 @@ def build_trainer(
             cpo_alpha=ft.pref_ftx,
             max_length=cfg.data.cutoff_len,
         )
-        return _rows_trainer(CPOTrainer)(args=args, **common_kwargs)
+        return reliable(_rows_trainer(CPOTrainer))(args=args, **common_kwargs)
 
     loss_types, weights = [ft.pref_loss], [1.0]
     if ft.dpo_label_smoothing > 0:
@@ -104,7 +102,7 @@ def build_trainer(
         label_smoothing=ft.dpo_label_smoothing,
         max_length=None,  # rows are already cut to cutoff_len by our encoder
     )
-    trainer = PretokenizedDPOTrainer(ref_model=ref_model, args=args, **common_kwargs)
+    trainer = reliable(PretokenizedDPOTrainer)(ref_model=ref_model, args=args, **common_kwargs)
     rlhf.drop_trl_ref_adapter(cfg, trainer.model)
     return trainer
 

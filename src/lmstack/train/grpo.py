@@ -22,8 +22,7 @@ from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from lmstack.config.schema import Config
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model, load_tokenizer
-from lmstack.templates import get_template
+from lmstack.models.load import load_model
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
@@ -35,10 +34,7 @@ def run(cfg: Config) -> dict:
     resume = common.prepare_output_dir(cfg)
     reward_funcs = rlhf.reward_functions(cfg)
 
-    tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer)
-    for note in template.fix_tokenizer(tokenizer):
-        logger.info(note)
+    tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
 
     def prompt_text(row: dict) -> dict:

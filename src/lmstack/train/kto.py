@@ -16,8 +16,8 @@ from lmstack.config.schema import Config
 from lmstack.data.encode_pref import split_row
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model, load_tokenizer
-from lmstack.templates import get_template
+from lmstack.models.load import load_model
+from lmstack.reliability.trainer import reliable
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
@@ -28,10 +28,7 @@ def run(cfg: Config) -> dict:
     common.check_precision(cfg, device)
     resume = common.prepare_output_dir(cfg)
 
-    tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer)
-    for note in template.fix_tokenizer(tokenizer):
-        logger.info(note)
+    tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
     train_rows = list(data.train.to_samples())
     if not cfg.finetuning.disable_shuffling:
@@ -57,7 +54,8 @@ def run(cfg: Config) -> dict:
         max_length=None,  # rows are already cut to cutoff_len by our encoder
         train_sampling_strategy="sequential",
     )
-    trainer = PretokenizedKTOTrainer(
+    trainer = reliable(PretokenizedKTOTrainer)(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
+        lmstack_cfg=cfg,
         model=model,
         ref_model=ref_model,
         args=args,

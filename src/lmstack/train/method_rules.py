@@ -16,7 +16,7 @@ MEMORY_OPTIMIZERS = ("use_galore", "use_apollo", "use_badam", "use_muon")
 ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused")
 PACKAGES = {"use_galore": "galore-torch", "use_apollo": "apollo-torch", "use_badam": "badam"}
 # stages whose Trainer takes create_optimizer() and method_callbacks(); add a stage here when it does
-WIRED_STAGES = ("sft",)
+WIRED_STAGES = ("sft", "pt")
 
 
 def normalize_optim(cfg: Config) -> None:

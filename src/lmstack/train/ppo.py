@@ -32,9 +32,8 @@ import torch.nn.functional as F
 from lmstack.config.schema import Config
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model, load_tokenizer
+from lmstack.models.load import load_model
 from lmstack.models.value_head import ValueHeadModel, last_token, load_value_head_model
-from lmstack.templates import get_template
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
@@ -50,10 +49,7 @@ def run(cfg: Config) -> dict:
     torch.manual_seed(cfg.training.seed)
     rng = random.Random(cfg.training.seed)
 
-    tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer)
-    for note in template.fix_tokenizer(tokenizer):
-        logger.info(note)
+    tokenizer, template = common.tokenizer_and_template(cfg)
     prompts = [row["input_ids"] for row in build_datasets(cfg, tokenizer, template).train.to_samples()]
 
     backbone = setup_finetuning(cfg, load_model(cfg, tokenizer, device))

@@ -1,29 +1,29 @@
 """Stage pt: continued pre-training on plain text (and the prompt column of alpaca data).
 
-Each text becomes its tokens + EOS, all trained. With `packing` unset or true (the pt default, as in
-LLaMA-Factory) the texts are encoded whole, concatenated in dataset order and cut into rows of exactly
-`cutoff_len` tokens; the tail shorter than one row is dropped and its token count logged. Attention
-crosses text boundaries inside a row (the usual pre-training packing; the EOS marks the boundary).
-With `packing: false` every text is one row, cut to cutoff_len (counted as truncated).
-tokenizer -> template -> data -> pack -> model -> adapter -> trainer -> train -> save.
+Each text becomes its tokens + EOS, all trained. With `packing` unset or true (the pt default) a text
+longer than cutoff_len is split into cutoff_len pieces (nothing dropped), and the pieces are bin-packed
+into rows exactly like sft packing: position ids restart per piece and attention never crosses from
+one text into another (LLaMA-Factory's concatenate-and-cut lets them see each other). With
+`packing: false` every text is one row, cut to cutoff_len (counted as truncated).
+tokenizer -> template -> data -> split + pack -> model -> adapter -> trainer -> train -> save.
 """
 
 from __future__ import annotations
 
 import logging
 
-import numpy as np
-
 from lmstack.config.schema import Config
+from lmstack.data.packing import pack_dataset, row_capacity
 from lmstack.data.pipeline import build_datasets
 from lmstack.data.tokenized import TokenizedDataset
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model, load_tokenizer
-from lmstack.templates import get_template
+from lmstack.models.kernels import apply_training_kernels
+from lmstack.models.load import load_model
 from lmstack.train import common
+from lmstack.train.collators import PackedCollator
 
 logger = logging.getLogger(__name__)
-WHOLE_TEXT = 1 << 30  # cutoff_len used while encoding texts that are packed afterwards
+WHOLE_TEXT = 1 << 30  # cutoff_len used while encoding texts that are split and packed afterwards
 
 
 def run(cfg: Config) -> dict:
@@ -31,32 +31,23 @@ def run(cfg: Config) -> dict:
     common.check_precision(cfg, device)
     resume = common.prepare_output_dir(cfg)
 
-    tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer)
-    for note in template.fix_tokenizer(tokenizer):
-        logger.info(note)
+    tokenizer, template = common.tokenizer_and_template(cfg)
     packing = cfg.data.packing is not False
     data = build_datasets(encode_config(cfg) if packing else cfg, tokenizer, template)
     train, evals = data.train, data.eval
+    collator = common.PadCollator(tokenizer.pad_token_id)
     if packing:
-        train = pack_blocks(train, cfg.data.cutoff_len, "train")
-        evals = pack_blocks(evals, cfg.data.cutoff_len, "eval") if evals is not None else None
+        pack_cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"packing": True})})
+        train = pack_dataset(pack_cfg, split_long_texts(train, cfg.data.cutoff_len, "train"))
+        evals = pack_dataset(pack_cfg, split_long_texts(evals, cfg.data.cutoff_len, "eval"), eval_split=True)
+        collator = PackedCollator(tokenizer.pad_token_id, width=row_capacity(pack_cfg))
 
     model = load_model(cfg, tokenizer, device)
+    apply_training_kernels(cfg, model, device)
     common.enable_gradient_checkpointing(cfg, model)
     model = setup_finetuning(cfg, model)
 
-    from transformers import Trainer
-
-    trainer = Trainer(
-        model=model,
-        args=common.training_arguments(cfg, device),
-        train_dataset=train,
-        eval_dataset=evals,
-        data_collator=common.PadCollator(tokenizer.pad_token_id),
-        processing_class=tokenizer,
-        callbacks=common.make_callbacks(cfg),
-    )
+    trainer = common.build_trainer(cfg, model, tokenizer, train, evals, collator, device)
     result = trainer.train(resume_from_checkpoint=resume)
     common.save_outputs(cfg, trainer, result)
     logger.info("outputs written to %s", cfg.training.output_dir)
@@ -64,31 +55,28 @@ def run(cfg: Config) -> dict:
 
 
 def encode_config(cfg: Config) -> Config:
-    """The config the texts are encoded with before packing: whole texts, no sft-style packing."""
+    """The config the texts are encoded with before splitting: whole texts, no sft-style packing."""
     data = cfg.data.model_copy(update={"cutoff_len": WHOLE_TEXT, "packing": False})
     return cfg.model_copy(update={"data": data})
 
 
-def pack_blocks(dataset: TokenizedDataset, block: int, split: str) -> TokenizedDataset:
-    """Concatenate every text (each ends with EOS) and cut into rows of `block` tokens."""
-    ids = np.concatenate([np.asarray(dataset[i]["input_ids"], dtype=np.int32) for i in range(len(dataset))])
-    rows = len(ids) // block
-    dropped = len(ids) - rows * block
-    if rows == 0:
-        from lmstack.config.errors import DataError
-
-        raise DataError(
-            f"cutoff_len: the {split} texts hold {len(ids)} tokens, less than one packed row of "
-            f"{block}; lower cutoff_len, add text, or set packing: false"
-        )
+def split_long_texts(dataset: TokenizedDataset | None, block: int, split: str) -> TokenizedDataset | None:
+    """Texts longer than `block` tokens become consecutive pieces of at most `block` tokens."""
+    if dataset is None:
+        return None
+    pieces, cut = [], 0
+    for i in range(len(dataset)):
+        ids = dataset[i]["input_ids"]
+        cut += len(ids) > block
+        pieces += [
+            {"input_ids": ids[a : a + block], "labels": ids[a : a + block]} for a in range(0, len(ids), block)
+        ]
     logger.info(
-        "pt packing (%s): %d texts, %d tokens -> %d rows of cutoff_len=%d; %d tail tokens dropped",
+        "pt (%s): %d texts -> %d pieces of at most cutoff_len=%d tokens (%d texts split, none dropped)",
         split,
         len(dataset),
-        len(ids),
-        rows,
+        len(pieces),
         block,
-        dropped,
+        cut,
     )
-    blocks = ids[: rows * block].reshape(rows, block).tolist()
-    return TokenizedDataset.from_samples([{"input_ids": b, "labels": b} for b in blocks])
+    return TokenizedDataset.from_samples(pieces)

@@ -148,7 +148,11 @@ def check_stage_config(cfg: Config) -> None:
     """Each error names the field, the value and the fix (called by train.run.preflight)."""
     ft, stage = cfg.finetuning, cfg.finetuning.stage
     for name in ("neat_packing", "train_on_prompt", "mask_history"):
-        if getattr(cfg.data, name, False) and stage != "sft":
+        if (
+            getattr(cfg.data, name, False)
+            and stage != "sft"
+            and not (name == "neat_packing" and stage == "pt")
+        ):
             raise ConfigError(
                 f"{name}: true is an sft setting and has no meaning for stage {stage}; remove it"
             )

@@ -15,9 +15,9 @@ from trl import RewardConfig, RewardTrainer
 from lmstack.config.schema import Config
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model, load_tokenizer
+from lmstack.models.load import load_model
 from lmstack.models.value_head import ValueHeadModel
-from lmstack.templates import get_template
+from lmstack.reliability.trainer import reliable
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
@@ -28,10 +28,7 @@ def run(cfg: Config) -> dict:
     common.check_precision(cfg, device)
     resume = common.prepare_output_dir(cfg)
 
-    tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer)
-    for note in template.fix_tokenizer(tokenizer):
-        logger.info(note)
+    tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
     train_ds = rlhf.to_dataset(data.train, rows)
     eval_ds = rlhf.to_dataset(data.eval, rows) if data.eval is not None else None
@@ -43,7 +40,8 @@ def run(cfg: Config) -> dict:
     model = ValueHeadModel(backbone)
 
     args = rlhf.trl_config(cfg, device, RewardConfig, max_length=cfg.data.cutoff_len, disable_dropout=True)
-    trainer = ValueHeadRewardTrainer(
+    trainer = reliable(ValueHeadRewardTrainer)(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
+        lmstack_cfg=cfg,
         model=model,
         args=args,
         train_dataset=train_ds,
