@@ -240,3 +240,19 @@ def test_seed_yaml_runs_verbatim(tmp_path, tiny_model):
     ):
         assert (out / name).exists(), name
     assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 20
+
+
+def test_auto_fields_are_resolved_before_training_and_saved(base_cfg):
+    import yaml
+
+    cfg = {
+        **base_cfg,
+        "max_steps": 2,
+        "deepspeed": "auto",
+        "per_device_train_batch_size": "auto",
+        "gradient_checkpointing": "auto",
+    }
+    train(None, cfg)
+    saved = yaml.safe_load((Path(cfg["output_dir"]) / "lmstack_config.yaml").read_text())
+    assert saved["deepspeed"] is None and saved["per_device_train_batch_size"] == 1
+    assert saved["gradient_checkpointing"] is False

@@ -3,7 +3,7 @@ sections. Defaults live here and only here (DESIGN rule 2)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -253,7 +253,9 @@ class TrainingArgs(Section):
     )
     do_train: bool = Field(True, description="Run training.")
     do_eval: bool = Field(False, description="Run evaluation on the validation split.")
-    per_device_train_batch_size: int = Field(1, gt=0, description="Micro-batch size per device.")
+    per_device_train_batch_size: Annotated[int, Field(gt=0)] | Literal["auto"] = Field(
+        1, description="Micro-batch size per device, or auto (the largest the planner finds fits)."
+    )
     per_device_eval_batch_size: int = Field(1, gt=0, description="Eval batch size per device.")
     gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
     learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate.")
@@ -303,7 +305,10 @@ class TrainingArgs(Section):
     )
     dataloader_num_workers: int = Field(0, ge=0, description="Data-loader worker processes.")
     ddp_timeout: int = Field(1800, gt=0, description="Seconds a rank waits for the others.")
-    deepspeed: str | None = Field(None, description="Path to a DeepSpeed JSON config.")
+    deepspeed: str | None = Field(
+        None,
+        description="Path to a DeepSpeed JSON config, or auto (the planner picks none or a ZeRO template).",
+    )
     max_tokens_per_batch: int | None = Field(
         None, gt=0, description="Token budget per micro-batch (packing)."
     )

@@ -64,7 +64,9 @@ def request_from_config(
         lora_target=cfg.finetuning.lora_target,
         quantization_bit=cfg.model.quantization_bit,
         seq_len=cfg.data.cutoff_len,
-        micro_batch=None if search else cfg.training.per_device_train_batch_size,
+        micro_batch=None
+        if (search or cfg.training.per_device_train_batch_size == "auto")
+        else cfg.training.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.training.gradient_accumulation_steps,
         gradient_checkpointing=None if (search or gc == "auto") else bool(gc),
         attention=ATTENTION[cfg.model.flash_attn],

@@ -24,6 +24,9 @@ def preflight(cfg: Config) -> None:
             f"stage: {cfg.finetuning.stage!r} is not implemented yet; available: {' | '.join(STAGES)}"
         )
     check_model_path(cfg)
+    from lmstack.plan.auto import resolve_auto_fields
+
+    resolve_auto_fields(cfg)  # deepspeed / per_device_train_batch_size / gradient_checkpointing: auto
     if cfg.data.template:
         get_template(cfg.data.template)
     if cfg.training.do_train and not cfg.data.dataset:
@@ -48,39 +51,6 @@ def preflight(cfg: Config) -> None:
     from lmstack.train.rlhf import check_stage_config
 
     check_stage_config(cfg)  # sft-only fields elsewhere, rewards, reference models, kto/grpo batch rules
-    if cfg.training.gradient_checkpointing == "auto":
-        cfg.training.gradient_checkpointing = resolve_checkpointing(cfg)
-
-
-def resolve_checkpointing(cfg: Config, gpu_memory_gib: float | None = None) -> bool:
-    """`auto`: recompute only when the planner's memory estimate says the run does not fit without it."""
-    import os
-    from dataclasses import replace
-
-    import torch
-
-    if gpu_memory_gib is None:
-        if not torch.cuda.is_available() or cfg.training.use_cpu:
-            logger.info("gradient_checkpointing: auto -> false (CPU run: memory is not the limit)")
-            return False
-        gpu_memory_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    from lmstack.data.packing import packing_enabled, row_capacity
-    from lmstack.plan import resolve_auto
-    from lmstack.plan.from_config import request_from_config
-
-    gpus = int(os.environ.get("WORLD_SIZE") or max(torch.cuda.device_count(), 1))
-    try:
-        req = request_from_config(cfg, gpus=gpus, gpu_memory_gib=gpu_memory_gib)
-        # sft/pt train through a fused linear CE (models/kernels.py); packed rows hold row_capacity tokens
-        fused = cfg.finetuning.stage in ("sft", "pt") or bool(req.fused_ce)
-        req = replace(req, fused_ce=fused, seq_len=row_capacity(cfg) if packing_enabled(cfg) else req.seq_len)
-        decision = resolve_auto(req)
-    except (ConfigError, OSError, ValueError, KeyError) as err:
-        logger.warning("gradient_checkpointing: auto -> true (no memory estimate for this model: %s)", err)
-        return True
-    choice = bool(decision.get("gradient_checkpointing", True))
-    logger.info("gradient_checkpointing: auto -> %s; %s", str(choice).lower(), decision["message"])
-    return choice
 
 
 def train(config_path: str | None, overrides: list[str] | dict | None = None) -> dict:

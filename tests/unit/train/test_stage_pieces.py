@@ -5,32 +5,34 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmstack.config.errors import ConfigError, DataError
+from lmstack.config.errors import ConfigError
 from lmstack.data.encode import IGNORE_INDEX, DropExample, EncodeOptions
 from lmstack.data.encode_pref import encode_kto, encode_pairwise, encode_prompt_only, split_row
 from lmstack.data.tokenized import TokenizedDataset
 from lmstack.models.value_head import last_token
 from lmstack.train import ppo
-from lmstack.train.pt import pack_blocks
+from lmstack.train.pt import split_long_texts
 from lmstack.train.rlhf import import_reward_func
 
 
-def test_pack_blocks_concatenates_and_counts_the_dropped_tail(caplog):
+def test_split_long_texts_keeps_every_token_and_never_joins_texts(caplog):
     texts = [list(range(1, 6)), list(range(10, 17)), list(range(20, 29))]  # 5 + 7 + 9 = 21 tokens
     data = TokenizedDataset.from_samples([{"input_ids": t, "labels": t} for t in texts])
     with caplog.at_level("INFO"):
-        packed = pack_blocks(data, 4, "train")
-    flat = [t for text in texts for t in text]
-    assert len(packed) == 5
-    assert [packed[i]["input_ids"] for i in range(5)] == [flat[i * 4 : i * 4 + 4] for i in range(5)]
-    assert all(packed[i]["labels"] == packed[i]["input_ids"] for i in range(5))
-    assert "1 tail tokens dropped" in caplog.text
-
-
-def test_pack_blocks_names_cutoff_len_when_text_is_too_short():
-    data = TokenizedDataset.from_samples([{"input_ids": [1, 2], "labels": [1, 2]}])
-    with pytest.raises(DataError, match="cutoff_len"):
-        pack_blocks(data, 8, "train")
+        pieces = split_long_texts(data, 4, "train")
+    got = [pieces[i]["input_ids"] for i in range(len(pieces))]
+    assert got == [
+        [1, 2, 3, 4],
+        [5],
+        [10, 11, 12, 13],
+        [14, 15, 16],
+        [20, 21, 22, 23],
+        [24, 25, 26, 27],
+        [28],
+    ]
+    assert all(pieces[i]["labels"] == pieces[i]["input_ids"] for i in range(len(pieces)))
+    assert "3 texts -> 7 pieces" in caplog.text and "none dropped" in caplog.text
+    assert split_long_texts(None, 4, "eval") is None
 
 
 @pytest.fixture

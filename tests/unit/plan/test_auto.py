@@ -1,0 +1,115 @@
+"""`auto` values in the training YAML, resolved by the planner (config.json only, no weights)."""
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from lmstack.config.errors import ConfigError
+from lmstack.config.load import build_config
+from lmstack.plan.auto import resolve_auto_fields
+
+QWEN25 = {
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def model_dir(tmp_path: Path, size: str) -> str:
+    d = tmp_path / f"qwen2.5-{size}"
+    d.mkdir()
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen2",
+                "architectures": ["Qwen2ForCausalLM"],
+                "max_position_embeddings": 32768,
+                **QWEN25[size],
+            }
+        )
+    )
+    return str(d)
+
+
+def cfg_for(path: str, **kw):
+    flat = {
+        "model_name_or_path": path,
+        "output_dir": "o",
+        "cutoff_len": 2048,
+        "bf16": True,
+        "deepspeed": "auto",
+        "per_device_train_batch_size": "auto",
+        "gradient_checkpointing": "auto",
+    }
+    return build_config({**flat, **kw})
+
+
+def test_small_model_on_an_h200_needs_no_deepspeed_and_no_recompute(tmp_path, caplog):
+    cfg = cfg_for(model_dir(tmp_path, "0.5b"), finetuning_type="lora")
+    with caplog.at_level(logging.INFO):
+        chosen = resolve_auto_fields(cfg, gpu_memory_gib=139.8)
+    assert chosen["deepspeed"] is None and cfg.training.deepspeed is None
+    assert isinstance(cfg.training.per_device_train_batch_size, int)
+    assert cfg.training.per_device_train_batch_size >= 8
+    assert cfg.training.gradient_checkpointing is False
+    assert "plan: auto ->" in caplog.text
+
+
+def test_7b_full_on_80gb_gets_a_real_zero_template(tmp_path):
+    cfg = cfg_for(model_dir(tmp_path, "7b"), finetuning_type="full")
+    chosen = resolve_auto_fields(cfg, gpu_memory_gib=80)
+    assert chosen["deepspeed"] and Path(chosen["deepspeed"]).is_file()
+    ds = json.loads(Path(chosen["deepspeed"]).read_text())
+    assert ds["zero_optimization"]["stage"] in (2, 3)
+    assert "offload" in Path(chosen["deepspeed"]).name  # 7B full FT does not fit 80 GB without offload
+    assert cfg.training.per_device_train_batch_size >= 1
+
+
+def test_less_memory_buys_room_with_recompute_not_with_an_oom(tmp_path):
+    from lmstack.plan.auto import plan_decision
+
+    path = model_dir(tmp_path, "0.5b")
+    for memory in (24, 40, 139.8):
+        cfg = cfg_for(path, finetuning_type="full", deepspeed=None)
+        assert plan_decision(cfg, memory)["fits"], memory
+        resolve_auto_fields(cfg, gpu_memory_gib=memory)
+        if memory == 139.8:  # plenty of memory: no recompute cost
+            assert cfg.training.gradient_checkpointing is False
+
+
+def test_cpu_resolution_is_plain_and_logged(tmp_path, caplog):
+    cfg = cfg_for(model_dir(tmp_path, "0.5b"), use_cpu=True)
+    with caplog.at_level(logging.INFO):
+        chosen = resolve_auto_fields(cfg)
+    assert chosen == {"deepspeed": None, "per_device_train_batch_size": 1, "gradient_checkpointing": False}
+    assert "auto on CPU" in caplog.text
+
+
+def test_auto_batch_with_a_token_budget_is_an_error(tmp_path):
+    cfg = cfg_for(model_dir(tmp_path, "0.5b"), packing=True, max_tokens_per_batch=16384)
+    with pytest.raises(ConfigError, match="per_device_train_batch_size: auto cannot be combined"):
+        resolve_auto_fields(cfg, gpu_memory_gib=80)
+
+
+def test_bad_values_still_rejected():
+    with pytest.raises(ConfigError, match="per_device_train_batch_size: got 'big'"):
+        build_config({"model_name_or_path": "m", "output_dir": "o", "per_device_train_batch_size": "big"})
+    with pytest.raises(ConfigError, match="per_device_train_batch_size: got 0"):
+        build_config({"model_name_or_path": "m", "output_dir": "o", "per_device_train_batch_size": 0})
