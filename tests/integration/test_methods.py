@@ -18,18 +18,18 @@ IDS = torch.tensor([[5, 17, 99, 300, 2, 41, 7]])
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Records the model and optimizer that sft hands to the Trainer (the real objects, still real)."""
-    import lmstack.train.sft as sft
+    """Records the model and optimizer that the stage hands to the Trainer (the real objects, still real)."""
     from lmstack.train import optimizers
 
     seen: dict = {}
+    real = optimizers.create_optimizer
 
     def recording(cfg, model, args):
         seen["model"] = model
-        seen["optimizer"] = optimizers.create_optimizer(cfg, model, args)
+        seen["optimizer"] = real(cfg, model, args)
         return seen["optimizer"]
 
-    monkeypatch.setattr(sft, "create_optimizer", recording)
+    monkeypatch.setattr(optimizers, "create_optimizer", recording)
     return seen
 
 
@@ -364,8 +364,8 @@ RULES = [
     ),
     ({"finetuning_type": "full", "loraplus_lr_ratio": 16}, r"loraplus_lr_ratio: a LoRA option"),
     (
-        {"stage": "pt", "finetuning_type": "full", "use_galore": True},
-        r"use_galore: not available for stage: pt",
+        {"stage": "kto", "dataset": "kto_en_demo", "finetuning_type": "full", "use_galore": True},
+        r"use_galore: not available for stage: kto",
     ),
     ({"finetuning_type": "freeze", "use_dora": True}, r"use_dora: a LoRA option"),
     ({"pissa_convert": True}, r"pissa_convert: .*set pissa_init: true"),
