@@ -200,13 +200,15 @@ def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
             **({"quantization_config": quant, "device_map": quantized_device_map(cfg)} if quant else {}),
             **_hub_kwargs(cfg),
         )
-    if cfg.model.resize_vocab and model.get_input_embeddings().weight.shape[0] < len(tokenizer):
+    weight = model.get_input_embeddings().weight
+    rows = getattr(weight, "ds_shape", weight.shape)[0]  # ZeRO-3 (zero.Init) leaves an empty local shard
+    if cfg.model.resize_vocab and rows < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
         logger.info("resized the vocabulary to %d", len(tokenizer))
-    elif model.get_input_embeddings().weight.shape[0] < len(tokenizer):
+    elif rows < len(tokenizer):
         raise ConfigError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has "
-            f"{model.get_input_embeddings().weight.shape[0]} rows; set resize_vocab: true"
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; "
+            "set resize_vocab: true"
         )
     logger.info(
         "loaded %s (%s, attention %s)",

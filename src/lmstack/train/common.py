@@ -186,7 +186,7 @@ def tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
 
 
 def build_trainer(
-    cfg: Config, model: Any, tokenizer: Any, train: Any, evals: Any, collator: Any, device: str
+    cfg: Config, model: Any, tokenizer: Any, train: Any, evals: Any, collator: Any, args: Any
 ) -> Any:
     """transformers.Trainer made reliable (staged checkpoints + manifest, SIGTERM save, on_nonfinite),
     with lmstack's callbacks and the method optimizer (LoRA+, GaLore, APOLLO, BAdam, Muon) if any."""
@@ -195,7 +195,6 @@ def build_trainer(
     from lmstack.reliability.trainer import reliable
     from lmstack.train.optimizers import create_optimizer, method_callbacks
 
-    args = training_arguments(cfg, device)
     return reliable(Trainer)(
         lmstack_cfg=cfg,
         model=model,

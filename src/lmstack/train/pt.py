@@ -42,12 +42,13 @@ def run(cfg: Config) -> dict:
         evals = pack_dataset(pack_cfg, split_long_texts(evals, cfg.data.cutoff_len, "eval"), eval_split=True)
         collator = PackedCollator(tokenizer.pad_token_id, width=row_capacity(pack_cfg))
 
+    args = common.training_arguments(cfg, device)  # before the model: under ZeRO-3 it loads already sharded
     model = load_model(cfg, tokenizer, device)
     apply_training_kernels(cfg, model, device)
     common.enable_gradient_checkpointing(cfg, model)
     model = setup_finetuning(cfg, model)
 
-    trainer = common.build_trainer(cfg, model, tokenizer, train, evals, collator, device)
+    trainer = common.build_trainer(cfg, model, tokenizer, train, evals, collator, args)
     result = trainer.train(resume_from_checkpoint=resume)
     common.save_outputs(cfg, trainer, result)
     logger.info("outputs written to %s", cfg.training.output_dir)

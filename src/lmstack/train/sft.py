@@ -30,12 +30,13 @@ def run(cfg: Config) -> dict:
         train_set, eval_set = pack_dataset(cfg, data.train), pack_dataset(cfg, data.eval, eval_split=True)
         collator = PackedCollator(tokenizer.pad_token_id, width=row_capacity(cfg))
 
+    args = common.training_arguments(cfg, device)  # before the model: under ZeRO-3 it loads already sharded
     model = load_model(cfg, tokenizer, device)
     apply_training_kernels(cfg, model, device)  # fused linear CE: no [tokens x vocab] logits in training
     common.enable_gradient_checkpointing(cfg, model)
     model = setup_finetuning(cfg, model)
 
-    trainer = common.build_trainer(cfg, model, tokenizer, train_set, eval_set, collator, device)
+    trainer = common.build_trainer(cfg, model, tokenizer, train_set, eval_set, collator, args)
     result = trainer.train(resume_from_checkpoint=resume)
     common.save_outputs(cfg, trainer, result)
     logger.info("outputs written to %s", cfg.training.output_dir)
