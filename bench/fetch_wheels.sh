@@ -1,0 +1,27 @@
+#!/bin/bash
+# Wheels the H200 image lacks, for Python 3.12 / manylinux x86_64, into git-ignored .whl/ folders:
+#   .whl/lm   lmstack's runtime extras (pydantic stack, trl, datasets, liger-kernel, deepspeed built as a
+#             pure-Python wheel with DS_BUILD_OPS=0, hjson)        ~8 MB
+#   .whl/bnb  bitsandbytes (QLoRA bench only; ~42 MB, so carry it in a call without .whl/lf)
+#   .whl/lf, .whl/liger  LLaMA-Factory 0.9.5 and its pins (bench/lf/fetch_lf_wheels.sh)
+# Run from the repo root on this (CPU) machine: bash bench/fetch_wheels.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+   --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+   --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
+mkdir -p .whl/lm .whl/bnb
+python3 -m pip download -q $P -d .whl/lm trl==1.16.0 datasets==5.2.0 dill==0.3.8 multiprocess==0.70.16 \
+  pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection "typing_extensions>=4.16" hjson \
+  liger-kernel==0.8.5
+python3 -m pip download -q $P -d .whl/bnb bitsandbytes==0.50.2
+if ! ls .whl/lm/deepspeed-*.whl >/dev/null 2>&1; then
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps --no-binary=:all: -d "$tmp" deepspeed==0.19.8
+  tar xzf "$tmp"/deepspeed-0.19.8.tar.gz -C "$tmp"
+  (cd "$tmp"/deepspeed-0.19.8 && DS_BUILD_OPS=0 "$OLDPWD"/.venv/bin/pip wheel -q --no-deps --no-build-isolation \
+    -w "$OLDPWD"/.whl/lm .)
+  rm -rf "$tmp"
+fi
+bash bench/lf/fetch_lf_wheels.sh
+du -sh .whl/*
