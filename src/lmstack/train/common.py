@@ -56,6 +56,13 @@ def check_precision(cfg: Config, device: str) -> None:
             raise ConfigError("bf16: this GPU has no bf16 support; use fp16: true")
 
 
+def start_run(cfg: Config) -> tuple[str, str | None]:
+    """Every stage's first step: the device, precision checks, the output dir; returns (device, resume)."""
+    device = device_type(cfg)
+    check_precision(cfg, device)
+    return device, prepare_output_dir(cfg)
+
+
 def last_checkpoint(output_dir: Path) -> Path | None:
     ckpts = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
     return max(ckpts, key=lambda p: int(p.name.split("-")[-1])) if ckpts else None

@@ -41,9 +41,8 @@ CLIP, VF_COEF, GAMMA, LAM, INIT_KL, KL_HORIZON = 0.2, 0.1, 1.0, 0.95, 0.2, 10000
 
 
 def run(cfg: Config) -> dict:
-    device = common.device_type(cfg)
-    common.check_precision(cfg, device)
-    if common.prepare_output_dir(cfg) is not None:
+    device, resume = common.start_run(cfg)
+    if resume is not None:
         logger.warning("resume_from_checkpoint: ppo does not resume yet; starting a fresh run")
     Path(cfg.training.output_dir).mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.training.seed)

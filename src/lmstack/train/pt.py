@@ -27,9 +27,7 @@ WHOLE_TEXT = 1 << 30  # cutoff_len used while encoding texts that are split and 
 
 
 def run(cfg: Config) -> dict:
-    device = common.device_type(cfg)
-    common.check_precision(cfg, device)
-    resume = common.prepare_output_dir(cfg)
+    device, resume = common.start_run(cfg)
 
     tokenizer, template = common.tokenizer_and_template(cfg)
     packing = cfg.data.packing is not False

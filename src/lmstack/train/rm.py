@@ -24,9 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> dict:
-    device = common.device_type(cfg)
-    common.check_precision(cfg, device)
-    resume = common.prepare_output_dir(cfg)
+    device, resume = common.start_run(cfg)
 
     tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
