@@ -122,11 +122,17 @@ def attention_implementation(cfg: Config, device_type: str) -> str | None:
 LOGIT_STAGES = ("rm", "dpo", "kto", "ppo", "grpo")
 
 
-def apply_liger_kernel(cfg: Config, model: Any) -> bool:
+def apply_liger_kernel(cfg: Config, model: Any, device_type: str = "cuda") -> bool:
     """`enable_liger_kernel`: Liger's fused kernels for the model family; fused linear
     cross-entropy only when the stage never needs the logits. Missing package or an unsupported
     family -> a warning and training continues without it. Returns whether kernels were applied."""
     if not cfg.model.enable_liger_kernel:
+        return False
+    if device_type != "cuda":
+        logger.warning(
+            "enable_liger_kernel: Liger's Triton kernels need a CUDA GPU; this %s run continues without them",
+            device_type,
+        )
         return False
     try:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
@@ -216,5 +222,5 @@ def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
         str(load_dtype).replace("torch.", ""),
         model.config._attn_implementation,
     )
-    apply_liger_kernel(cfg, model)
+    apply_liger_kernel(cfg, model, device_type)
     return model

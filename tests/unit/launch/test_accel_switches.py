@@ -91,3 +91,9 @@ def test_lmstack_env_on_cpu(capsys, monkeypatch):
     assert main(["env", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["gpus"] == [] and report["versions"]["torch"] and "allreduce" not in report
+
+
+def test_liger_on_cpu_warns_and_continues(base_cfg, caplog):
+    cfg = build_config({**base_cfg, "enable_liger_kernel": True})
+    assert model_load.apply_liger_kernel(cfg, _model("qwen2"), "cpu") is False
+    assert "need a CUDA GPU" in caplog.text
