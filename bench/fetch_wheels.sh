@@ -2,7 +2,7 @@
 # Wheels the H200 image lacks, for Python 3.12 / manylinux x86_64, into git-ignored .whl/ folders:
 #   .whl/lm   lmstack's runtime extras (pydantic stack, trl, datasets, liger-kernel, deepspeed built as a
 #             pure-Python wheel with DS_BUILD_OPS=0, hjson)        ~8 MB
-#   .whl/bnb  bitsandbytes (QLoRA bench only; ~42 MB, so carry it in a call without .whl/lf)
+#   .whl/bnb  bitsandbytes, slimmed to its CUDA 13 + CPU libraries (~7 MB)
 #   .whl/lf, .whl/liger  LLaMA-Factory 0.9.5 and its pins (bench/lf/fetch_lf_wheels.sh)
 # Run from the repo root on this (CPU) machine: bash bench/fetch_wheels.sh
 set -euo pipefail
@@ -15,6 +15,9 @@ python3 -m pip download -q $P -d .whl/lm trl==1.16.0 datasets==5.2.0 dill==0.3.8
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection "typing_extensions>=4.16" hjson \
   liger-kernel==0.8.5
 python3 -m pip download -q $P -d .whl/bnb bitsandbytes==0.50.2
+# keep only the CUDA 13 (the H200 image's torch is cu130) and CPU libraries: 41 MiB -> 7 MiB, so every
+# wheel set fits one call's 64 MiB carry
+python3 bench/tools/slim_wheel.py .whl/bnb/bitsandbytes-*.whl 'cuda13[0-9]' '_cpu'
 if ! ls .whl/lm/deepspeed-*.whl >/dev/null 2>&1; then
   tmp=$(mktemp -d)
   python3 -m pip download -q --no-deps --no-binary=:all: -d "$tmp" deepspeed==0.19.8

@@ -53,6 +53,7 @@ LM_BEST = dict(
     overwrite_cache=False,  # lmstack's tokenized cache is keyed on data + tokenizer + options: runs share it
 )  # fmt: skip
 NO_LIGER = {"enable_liger_kernel": False}  # fallback: lmstack's own chunked linear CE
+SDPA = {"enable_liger_kernel": False, "flash_attn": "sdpa"}  # last resort: no flex_attention either
 
 
 @dataclass
@@ -73,19 +74,25 @@ def runs(set_name: str) -> list[Run]:
                                    "max_steps": steps}  # fmt: skip
     small = [
         Run("llamafactory", "lf_0.5b_full_pack_liger", "qwen2.5-0.5b", "full", lf(FULL, 60), 150),
-        Run("lmstack", "lmstack_0.5b_full", "qwen2.5-0.5b", "full", lm(FULL, 32, 32), 180, [NO_LIGER]),
+        Run("lmstack", "lmstack_0.5b_full", "qwen2.5-0.5b", "full", lm(FULL, 32, 32), 180, [NO_LIGER, SDPA]),
         Run("llamafactory", "lf_0.5b_lora_pack_liger", "qwen2.5-0.5b", "lora", lf(LORA, 60), 150),
-        Run("lmstack", "lmstack_0.5b_lora", "qwen2.5-0.5b", "lora", lm(LORA, 32, 32), 180, [NO_LIGER]),
+        Run("lmstack", "lmstack_0.5b_lora", "qwen2.5-0.5b", "lora", lm(LORA, 32, 32), 180, [NO_LIGER, SDPA]),
     ]
     big = [
         Run("llamafactory", "lf_7b_lora_pack_liger", "qwen2.5-7b", "lora", lf(LORA, 30), 180),
-        Run("lmstack", "lmstack_7b_lora", "qwen2.5-7b", "lora", lm(LORA, 4, 22), 200, [NO_LIGER]),
+        Run("lmstack", "lmstack_7b_lora", "qwen2.5-7b", "lora", lm(LORA, 4, 22), 200, [NO_LIGER, SDPA]),
     ]
     short = {"cutoff_len": 512, "max_samples": 400}  # smoke: a quick end-to-end check of both paths
     smoke = [
         Run("llamafactory", "lf_smoke", "qwen2.5-0.5b", "full", {**lf(FULL, 12), **short}, 120),
         Run(
-            "lmstack", "lmstack_smoke", "qwen2.5-0.5b", "full", {**lm(FULL, 4, 12), **short}, 150, [NO_LIGER]
+            "lmstack",
+            "lmstack_smoke",
+            "qwen2.5-0.5b",
+            "full",
+            {**lm(FULL, 4, 12), **short},
+            150,
+            [NO_LIGER, SDPA],
         ),
     ]
     sets = {
@@ -339,7 +346,12 @@ def run_all(args: argparse.Namespace) -> None:
     gpu = gpu_name()
     vers = {s: versions(s) for s in ("llamafactory", "lmstack")}
     print("versions", json.dumps(vers), flush=True)
+    systems = set(args.systems.split(","))
+    tag = "" if systems == {"llamafactory", "lmstack"} else "_" + "_".join(sorted(systems))
+    sticky: dict | None = None  # a fallback that rescued one lmstack run is tried first for the next
     for run in runs(args.set):
+        if run.system not in systems:
+            continue
         base = {
             **run.cfg,
             "model_name_or_path": f"{args.assets}/{run.arch}",
@@ -347,14 +359,16 @@ def run_all(args: argparse.Namespace) -> None:
         }
         line = {"system": run.system, "model": run.arch, "method": run.method, "run_id": run_id, "name": run.name,
                 "gpu": gpu, "versions": vers[run.system]}  # fmt: skip
-        attempts = [base] + [{**base, **fb} for fb in run.fallbacks]
-        for i, cfg in enumerate(attempts):
+        overrides = [{}, *run.fallbacks]
+        if sticky is not None and run.fallbacks:  # what rescued an earlier run goes first
+            overrides = [sticky] + [o for o in overrides if o != sticky]
+        for i, extra in enumerate(overrides):
             left = deadline - time.time()
             if left < 60:
                 line.update(status="skipped", reason=f"budget: {left:.0f}s left")
                 break
-            cfg = {**cfg, "output_dir": f"/tmp/out/{run.name}_{i}"}
-            log_path = logs / f"{run.name}{'' if i == 0 else f'_fallback{i}'}.log"
+            cfg = {**base, **extra, "output_dir": f"/tmp/out/{run.name}_{i}"}
+            log_path = logs / f"{run.name}{'' if i == 0 else f'_attempt{i}'}.log"
             t = time.time()
             rc, res = execute(run, cfg, min(run.timeout, left), log_path)
             loss, loss_step = last_logged_loss(Path(cfg["output_dir"]))
@@ -364,11 +378,13 @@ def run_all(args: argparse.Namespace) -> None:
                 if k not in COMMON and k not in ("model_name_or_path", "dataset_dir")
             }
             line.update(status="ok" if res and res.get("steady_tokens_per_sec") else "failed", rc=rc,
-                        elapsed_s=round(time.time() - t, 1), settings=settings, fallback=i > 0,
+                        elapsed_s=round(time.time() - t, 1), settings=settings, fallback=extra or None,
                         loss_after_steps=loss, loss_step=loss_step)  # fmt: skip
             if res:
                 line.update({k: v for k, v in res.items() if k != "name"})
             if line["status"] == "ok":
+                if extra:
+                    sticky = extra
                 break
             tail = log_path.read_text(errors="replace").splitlines()[-15:]
             line["error_tail"] = tail
@@ -381,9 +397,9 @@ def run_all(args: argparse.Namespace) -> None:
         with results.open("a") as fh:
             fh.write(text + "\n")
         if out_dir is not None:  # what comes back from the GPU machine, refreshed after every run
-            with (out_dir / "speed.jsonl").open("a") as fh:
+            with (out_dir / f"speed{tag}.jsonl").open("a") as fh:
                 fh.write(text + "\n")
-            with tarfile.open(out_dir / "bench_logs.tar.gz", "w:gz") as tar:
+            with tarfile.open(out_dir / f"bench_logs{tag}.tar.gz", "w:gz") as tar:
                 tar.add(logs, arcname=logs.name)
     summarize(results, run_id)
 
@@ -419,6 +435,11 @@ def main() -> None:
     )
     a.add_argument("--budget", type=float, default=540, help="seconds for all runs together")
     a.add_argument("--run-id", default=None)
+    a.add_argument(
+        "--systems",
+        default="llamafactory,lmstack",
+        help="which systems' runs to make (one GPU stream each on a 2-GPU machine)",
+    )
     a.add_argument("--logs", default="/tmp/bench_logs")
     one = sub.add_parser("lmstack-one")
     one.add_argument("name")
