@@ -1,20 +1,26 @@
-"""DeepSpeed ZeRO-2 / ZeRO-3 / ZeRO-3+offload and FSDP through lmstack's real launch paths, LoRA and
-full SFT of a Qwen2.5-0.5B-architecture model (random weights, bench/make_assets.py), >= 20 steps each;
-peak memory and step time per run, one JSON line per run in bench/results/distributed.jsonl (and in
+"""DDP / DeepSpeed ZeRO-2, ZeRO-3, ZeRO-3+offload / FSDP through lmstack's real launch paths, on one or
+more GPUs of one host; one JSON line per run in bench/results/distributed.jsonl (and in
 $OUT/distributed.jsonl when OUT is set).
 
-    python3 bench/distributed_bench.py all --assets /tmp/assets [--steps 25] [--only z3_lora,fsdp_full]
-    python3 bench/distributed_bench.py worker CFG.yaml RESULT.json     (internal: one rank's run)
+    python3 bench/distributed_bench.py all --assets /tmp/assets --nproc 2 [--only 0.5b_full:z3,7b_lora:fsdp]
+                                           [--budget 540] [--steps 20] [--run-id ID]
+    python3 bench/distributed_bench.py worker CFG.yaml RESULT_PREFIX      (internal: one rank's run)
 
-Launch forms, as users run them (one GPU here; the same commands scale with --nproc_per_node):
-  DeepSpeed: python -m torch.distributed.run --nproc_per_node 1 <worker> train cfg.yaml  (cfg has deepspeed:)
-  FSDP:      python -m accelerate.commands.launch --config_file examples/accelerate/fsdp_config.yaml
-             --num_processes 1 <worker> train cfg.yaml
-The worker is `lmstack train` plus a callback that records CUDA-synchronised optimizer-step times
-(median/mean after the first 5 steps; one step = 2 micro-batches of 4 x <= 1024 tokens) and peak
-memory (bench code only). LoRA runs also check the saved adapter: every tensor non-empty, lora_B
-trained. Needs deepspeed (+ hjson, pydantic) importable: PYTHONPATH=/tmp/site_lm:src as in
-bench/run_bench.sh.
+Workloads are the speed benchmark's lmstack settings (bench/lmstack_bench.py: packing without
+cross-sample attention, fused linear CE, bf16 adapters, `gradient_checkpointing: auto`, cutoff 2048):
+`0.5b_full` (Qwen2.5-0.5B architecture, full SFT, 32 rows x 2048 tokens per GPU) and `7b_lora`
+(Qwen2.5-7B architecture, LoRA rank 8 on all linear layers, 4 x 2048 per GPU); per-GPU batch fixed, so
+N GPUs process N times the tokens per step and tokens/s measures the scaling.
+
+Launch forms, as users run them:
+  DDP / DeepSpeed: python -m torch.distributed.run --nproc_per_node N <worker> cfg.yaml   (DeepSpeed: `deepspeed:` in cfg)
+  FSDP:            python -m accelerate.commands.launch --config_file examples/accelerate/fsdp_config.yaml
+                   --num_processes N <worker> cfg.yaml
+The worker is `lmstack train` plus a callback (bench code only) that times the steady state exactly as
+the speed benchmark does (real tokens between the end of step WARMUP and the end of training over the
+CUDA-synchronised wall time; num_input_tokens_seen is summed over ranks) and records each rank's peak
+memory. LoRA runs also check the saved adapter: every tensor non-empty, lora_B trained (ZeRO-3 gathers).
+Needs deepspeed (+ hjson, pydantic) importable: PYTHONPATH=/tmp/site_lm:src as in bench/run_bench.sh.
 """
 
 from __future__ import annotations
@@ -23,107 +29,100 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lmstack_bench import COMMON, FULL, LM_BEST, LORA  # noqa: E402  (the speed benchmark's settings)
+
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 5
-CASES = {
+STRATEGIES = {
+    "ddp": {},
     "z2": dict(deepspeed="examples/deepspeed/ds_z2_config.json"),
     "z3": dict(deepspeed="examples/deepspeed/ds_z3_config.json"),
     "z3_offload": dict(deepspeed="examples/deepspeed/ds_z3_offload_config.json"),
     "fsdp": dict(accelerate="examples/accelerate/fsdp_config.yaml"),
 }
-METHODS = {
-    "lora": dict(finetuning_type="lora", lora_target="all", lora_rank=8, lora_alpha=16, learning_rate=1e-4),
-    "full": dict(finetuning_type="full", learning_rate=1e-5),
+WORKLOADS = {  # name: (arch, method, settings)
+    "0.5b_full": ("qwen2.5-0.5b", "full", {**FULL, "per_device_train_batch_size": 32}),
+    "7b_lora": ("qwen2.5-7b", "lora", {**LORA, "per_device_train_batch_size": 4}),
 }
+DEFAULT_MATRIX = (
+    "0.5b_full:ddp,0.5b_full:z2,0.5b_full:z3,0.5b_full:fsdp,0.5b_full:z3_offload,"
+    "7b_lora:z3,7b_lora:fsdp,7b_lora:z2,7b_lora:z3_offload"
+)
 
 
-def base_cfg(assets: Path, steps: int) -> dict:
-    return dict(
-        model_name_or_path=str(assets / "qwen2.5-0.5b"),
-        template="qwen",
-        stage="sft",
-        dataset="synth",
-        dataset_dir=str(assets / "data"),
-        cutoff_len=1024,
-        max_samples=600,
-        preprocessing_num_workers=8,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        max_steps=steps,
-        logging_steps=1,
-        save_strategy="no",
-        overwrite_output_dir=True,
-        bf16=True,
-        gradient_checkpointing=True,
-        report_to="none",
-        disable_tqdm=True,
-        seed=0,
-    )
+def train_cfg(assets: Path, workload: str, strategy: str, steps: int, out: Path) -> dict:
+    arch, _, settings = WORKLOADS[workload]
+    cfg = {**COMMON, **LM_BEST, **settings, "max_steps": steps, "logging_steps": 1,
+           "model_name_or_path": str(assets / arch), "dataset_dir": str(assets / "data"), "output_dir": str(out),
+           "save_strategy": "no"}  # fmt: skip
+    if "deepspeed" in STRATEGIES[strategy]:
+        cfg["deepspeed"] = str(REPO / STRATEGIES[strategy]["deepspeed"])
+    return cfg
 
 
 def versions() -> dict:
     import importlib.metadata as md
 
     out = {}
-    for name in ("torch", "transformers", "peft", "accelerate", "deepspeed"):
+    for name in ("torch", "transformers", "peft", "accelerate", "deepspeed", "liger_kernel"):
         try:
-            out[name] = md.version(name)
+            out[name] = md.version(name.replace("_", "-"))
         except md.PackageNotFoundError:
             out[name] = None
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    out["lmstack_commit"] = commit.stdout.strip() or None
     return out
 
 
 # ---- worker: one rank of `lmstack train` with a measuring callback -----------------------------------
-def worker(cfg_path: str, result_path: str) -> int:
+def worker(cfg_path: str, result_prefix: str) -> int:
     import torch
     from transformers import TrainerCallback
 
     import lmstack.train.common as common
     from lmstack.cli.main import main
 
+    rank = int(os.environ.get("RANK", "0"))
+
     class Measure(TrainerCallback):
-        def __init__(self) -> None:
-            self.times: list[float] = []
-            self.losses: list[float] = []
-            self.t0 = 0.0
+        t0 = tok0 = None
+        losses: list[float] = []
 
         def on_train_begin(self, args, state, control, **kw):
             torch.cuda.reset_peak_memory_stats()
 
-        def on_step_begin(self, args, state, control, **kw):
-            torch.cuda.synchronize()
-            self.t0 = time.perf_counter()
-
         def on_step_end(self, args, state, control, **kw):
-            torch.cuda.synchronize()
-            self.times.append(time.perf_counter() - self.t0)
+            if state.global_step == WARMUP:
+                torch.cuda.synchronize()
+                self.t0, self.tok0 = time.perf_counter(), state.num_input_tokens_seen
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "loss" in logs:
                 self.losses.append(float(logs["loss"]))
 
         def on_train_end(self, args, state, control, **kw):
-            if not state.is_world_process_zero:
-                return
-            steady = sorted(self.times[WARMUP:]) or sorted(self.times)
-            Path(result_path).write_text(
-                json.dumps(
-                    {
-                        "steps": state.global_step,
-                        "step_time_s_median": steady[len(steady) // 2],
-                        "step_time_s_mean": sum(steady) / len(steady),
-                        "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
-                        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3),
-                        "first_loss": self.losses[0] if self.losses else None,
-                        "last_loss": self.losses[-1] if self.losses else None,
-                    }
-                )
-            )
+            torch.cuda.synchronize()
+            t1, tok1 = time.perf_counter(), state.num_input_tokens_seen
+            steady_steps = state.global_step - WARMUP
+            row = {
+                "rank": rank,
+                "steps": state.global_step,
+                "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+                "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3),
+            }
+            if rank == 0 and self.t0 is not None and steady_steps > 0:
+                row.update(steady_tokens_per_sec=round((tok1 - self.tok0) / (t1 - self.t0)),
+                           steady_tokens=tok1 - self.tok0, step_time_s=round((t1 - self.t0) / steady_steps, 4),
+                           first_loss=self.losses[0] if self.losses else None,
+                           loss_after_steps=self.losses[-1] if self.losses else None)  # fmt: skip
+            Path(f"{result_prefix}.rank{rank}.json").write_text(json.dumps(row))
 
     original = common.make_callbacks
     common.make_callbacks = lambda cfg: [*original(cfg), Measure()]
@@ -139,16 +138,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def command(case: dict, cfg_path: Path, result: Path) -> list[str]:
+def command(strategy: str, nproc: int, cfg_path: Path, prefix: Path) -> list[str]:
     me = str(Path(__file__).resolve())
-    if "accelerate" in case:
+    if "accelerate" in STRATEGIES[strategy]:
         return [
-            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / case["accelerate"]),
-            "--num_processes", "1", "--main_process_port", str(free_port()), me, "worker", str(cfg_path), str(result),
+            sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / STRATEGIES[strategy]["accelerate"]),
+            "--num_processes", str(nproc), "--main_process_port", str(free_port()), me, "worker", str(cfg_path), str(prefix),
         ]  # fmt: skip
     return [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(free_port()),
-        me, "worker", str(cfg_path), str(result),
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()),
+        me, "worker", str(cfg_path), str(prefix),
     ]  # fmt: skip
 
 
@@ -166,71 +165,106 @@ def check_adapter(out: Path) -> dict:
     }
 
 
-def run_one(name: str, case: dict, method: dict, assets: Path, steps: int, work: Path) -> dict:
+def predict(cfg: dict, nproc: int, fsdp: bool) -> dict | None:
+    """The planner's per-GPU estimate for this exact config (allocated-equivalent: without its
+    CUDA-context/fragmentation term, which max_memory_allocated does not see)."""
+    try:
+        from plan_accuracy import predict as plan_predict
+
+        return plan_predict(cfg, 139.8, gpus=nproc, fsdp=fsdp)
+    except Exception as err:  # noqa: BLE001 - a planner failure is recorded, the run stands
+        return {"error": repr(err)[:300]}
+
+
+def run_one(workload: str, strategy: str, args: argparse.Namespace, work: Path, timeout: float) -> dict:
     import yaml
 
-    out = work / name
-    cfg = {**base_cfg(assets, steps), **method, "output_dir": str(out)}
-    if "deepspeed" in case:
-        cfg["deepspeed"] = str(REPO / case["deepspeed"])
-    cfg_path, result = work / f"{name}.yaml", work / f"{name}.result.json"
+    name = f"{workload}:{strategy}:{args.nproc}gpu"
+    slug = name.replace(":", "_")
+    out = work / slug
+    cfg = train_cfg(Path(args.assets), workload, strategy, args.steps, out)
+    if WORKLOADS[workload][1] == "lora":
+        cfg["save_strategy"] = "no"  # the final save still happens; the adapter is checked below
+    cfg_path, prefix = work / f"{slug}.yaml", work / slug
     cfg_path.write_text(yaml.safe_dump(cfg))
-    result.unlink(missing_ok=True)
+    for old in work.glob(f"{slug}.rank*.json"):
+        old.unlink()
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    cmd = command(case, cfg_path, result)
+    log = work / f"{slug}.log"
     start = time.monotonic()
-    log = work / f"{name}.log"
     with log.open("w") as fh:
-        proc = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=600)
-    row = {"name": name, "rc": proc.returncode, "wall_s": round(time.monotonic() - start, 1)}
-    if result.is_file():
-        row.update(json.loads(result.read_text()))
-    if proc.returncode != 0:
-        row["error_tail"] = log.read_text()[-1500:]
-    elif method["finetuning_type"] == "lora":
+        proc = subprocess.Popen(command(strategy, args.nproc, cfg_path, prefix), env=env, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = 124
+    arch, method, settings = WORKLOADS[workload]
+    row = {"system": "lmstack", "name": name, "model": arch, "method": method, "strategy": strategy,
+           "num_gpus": args.nproc, "rc": rc, "wall_s": round(time.monotonic() - start, 1),
+           "per_device_train_batch_size": settings["per_device_train_batch_size"], "cutoff_len": cfg["cutoff_len"],
+           "config": {k: v for k, v in cfg.items() if k not in ("output_dir", "dataset_dir")}}  # fmt: skip
+    ranks = [json.loads(p.read_text()) for p in sorted(work.glob(f"{slug}.rank*.json"))]
+    for r in ranks:
+        if r["rank"] == 0:
+            row.update(
+                {k: v for k, v in r.items() if k not in ("rank", "peak_alloc_gib", "peak_reserved_gib")}
+            )
+    if ranks:
+        row["peak_alloc_gib"] = max(r["peak_alloc_gib"] for r in ranks)
+        row["peak_reserved_gib"] = max(r["peak_reserved_gib"] for r in ranks)
+        row["peak_alloc_gib_per_rank"] = [r["peak_alloc_gib"] for r in sorted(ranks, key=lambda r: r["rank"])]
+    row["status"] = "ok" if rc == 0 and row.get("steady_tokens_per_sec") else "failed"
+    if row["status"] != "ok":
+        row["error_tail"] = log.read_text(errors="replace")[-2000:]
+    elif method == "lora" and (out / "adapter_model.safetensors").is_file():
         row.update(check_adapter(out))
+    row["predicted"] = predict(cfg, args.nproc, fsdp="accelerate" in STRATEGIES[strategy])
+    pred = (row["predicted"] or {}).get("allocated_equiv")
+    if pred and row.get("peak_alloc_gib"):
+        row["plan_error_pct"] = round(100 * (pred - row["peak_alloc_gib"]) / row["peak_alloc_gib"], 1)
     return row
 
 
 def run_all(args: argparse.Namespace) -> int:
     import torch
 
-    assets = Path(args.assets)
-    if not (assets / "qwen2.5-0.5b" / "config.json").is_file():
-        subprocess.run(
-            [sys.executable, str(REPO / "bench/make_assets.py"), str(assets), "qwen2.5-0.5b"], check=True
-        )
+    deadline = time.time() + args.budget
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     meta = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "run_id": args.run_id or dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ"),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "versions": versions(),
-        "model": "qwen2.5-0.5b (random init)",
-        "cutoff_len": 1024,
-        "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 2,
         "TORCH_CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST"),
     }
-    only = set(args.only.split(",")) if args.only else None
     results = [REPO / "bench/results/distributed.jsonl"]
     if os.environ.get("OUT"):
         results.append(Path(os.environ["OUT"]) / "distributed.jsonl")
-    for path in results:
-        path.parent.mkdir(parents=True, exist_ok=True)
     failed = 0
-    for case_name, case in CASES.items():
-        for method_name, method in METHODS.items():
-            name = f"{case_name}_{method_name}"
-            if only and name not in only:
-                continue
-            row = {**meta, **run_one(name, case, method, assets, args.steps, work)}
-            failed += row["rc"] != 0
-            line = json.dumps(row)
-            print(line, flush=True)
-            for path in results:
-                with path.open("a") as fh:
-                    fh.write(line + "\n")
+    for item in (args.only or DEFAULT_MATRIX).split(","):
+        workload, strategy = item.split(":")
+        left = deadline - time.time()
+        if left < 60:
+            row = {
+                "name": f"{item}:{args.nproc}gpu",
+                "status": "skipped",
+                "reason": f"budget: {left:.0f}s left",
+            }
+        else:
+            row = run_one(workload, strategy, args, work, min(args.timeout, left))
+        row = {**meta, **row, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+        failed += row["status"] == "failed"
+        line = json.dumps(row)
+        print(f"{row['name']:28s} {row['status']:7s} tok/s {row.get('steady_tokens_per_sec')} "
+              f"peak {row.get('peak_alloc_gib')} GiB pred {(row.get('predicted') or {}).get('allocated_equiv')} "
+              f"loss {row.get('loss_after_steps')} wall {row.get('wall_s')}s", flush=True)  # fmt: skip
+        for path in results:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as fh:
+                fh.write(line + "\n")
     return 1 if failed else 0
 
 
@@ -241,9 +275,13 @@ def main() -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("all")
     p.add_argument("--assets", default="/tmp/assets")
-    p.add_argument("--steps", type=int, default=25)
+    p.add_argument("--nproc", type=int, default=1, help="GPUs (processes) per run")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--budget", type=float, default=540, help="seconds for all runs together")
+    p.add_argument("--timeout", type=float, default=240, help="seconds for one run")
     p.add_argument("--work", default="/tmp/dist_bench")
-    p.add_argument("--only", help="comma-separated run names, e.g. z3_lora,fsdp_full")
+    p.add_argument("--run-id", default=None)
+    p.add_argument("--only", help=f"comma-separated WORKLOAD:STRATEGY items (default {DEFAULT_MATRIX})")
     p = sub.add_parser("worker")
     p.add_argument("cfg")
     p.add_argument("result")

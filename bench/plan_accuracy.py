@@ -134,12 +134,15 @@ def base_config(assets: str, arch: str, name: str, overrides: dict) -> dict:
     return cfg
 
 
-def predict(cfg_dict: dict, gpu_gib: float) -> dict:
+def predict(cfg_dict: dict, gpu_gib: float, gpus: int = 1, fsdp: bool = False) -> dict:
     from lmstack.config.load import build_config
     from lmstack.plan import plan
     from lmstack.plan.from_config import request_from_config
 
-    result = plan(request_from_config(build_config(cfg_dict), 1, gpu_gib))
+    import dataclasses
+
+    req = request_from_config(build_config(cfg_dict), gpus, gpu_gib)
+    result = plan(dataclasses.replace(req, fsdp=True) if fsdp else req)
     if result.configured is None:
         raise ValueError("the planner found no estimate for the configured setup")
     parts = result.configured.estimate.gpu.to_dict()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
+from lmstack.launch.fsdp import fsdp_requested
 from lmstack.plan.model_spec import ModelSpec
 from lmstack.plan.recommend import PlanRequest
 
@@ -39,6 +42,26 @@ def deepspeed_settings(path: str | None) -> dict:
     }
 
 
+def _attention(cfg: Config) -> str:
+    """`auto` on packed rows trains with flex_attention (or FA2) on a GPU: no T x T score matrix."""
+    if cfg.model.flash_attn == "auto" and (cfg.data.packing or cfg.data.neat_packing):
+        return "flash"
+    return ATTENTION[cfg.model.flash_attn]
+
+
+FSDP_STRATEGY_IDS = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP"}  # accelerate's older numeric form
+
+
+def fsdp_settings(env: Mapping[str, str] | None = None) -> dict:
+    """FSDP comes from the accelerate launcher (its config exported as environment variables)."""
+    env = os.environ if env is None else env
+    if not fsdp_requested(env):
+        return {"fsdp": False}
+    raw = str(env.get("FSDP_SHARDING_STRATEGY", "FULL_SHARD")).strip().upper()
+    sharding = FSDP_STRATEGY_IDS.get(raw, raw)
+    return {"fsdp": True, "fsdp_sharding": sharding if sharding in ("FULL_SHARD", "SHARD_GRAD_OP") else "FULL_SHARD"}
+
+
 def _optimizer(cfg: Config) -> str:
     """use_galore | use_apollo | use_badam | use_muon (or optim: muon) -> the planner's optimizer name."""
     for name in ("galore", "apollo", "badam", "muon"):
@@ -69,7 +92,7 @@ def request_from_config(
         else cfg.training.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.training.gradient_accumulation_steps,
         gradient_checkpointing=None if (search or gc == "auto") else bool(gc),
-        attention=ATTENTION[cfg.model.flash_attn],
+        attention=_attention(cfg),
         packing=bool(cfg.data.packing or cfg.data.neat_packing),
         fused_ce=cfg.model.enable_liger_kernel,
         num_gpus=gpus * nodes,
@@ -83,4 +106,5 @@ def request_from_config(
         if cfg.finetuning.use_apollo
         else cfg.finetuning.galore_rank,
         **deepspeed_settings(cfg.training.deepspeed),
+        **fsdp_settings(),
     )

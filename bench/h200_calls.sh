@@ -1,0 +1,79 @@
+#!/bin/bash
+# The GPU calls of a benchmark session on a 2 x H200 machine (device kind nvidia-h200-x2), one phase per
+# call, each finishing inside the 10-minute call limit. Results land in $OUT (what comes back) as
+# .jsonl lines and logs. Carry: .whl/lf .whl/liger .whl/lm .whl/bnb (bash bench/fetch_wheels.sh here).
+#
+#   bash bench/h200_calls.sh speed   # GPU0: LLaMA-Factory best config (0.5B full, 0.5B LoRA, 7B LoRA), then
+#                                    #       QLoRA 4/8-bit vs bf16 LoRA on 7B;
+#                                    # GPU1: lmstack on the same three, then stage_bench (DPO/SFT LoRA, auto)
+#   bash bench/h200_calls.sh dist    # `lmstack env` all-reduce on both GPUs, then the 2-GPU matrix
+#                                    # (bench/distributed_bench.py --nproc 2)
+#   bash bench/h200_calls.sh rest ITEMS   # what an earlier call left: distributed items on 2 GPUs
+# The two streams of `speed` run at the same time on separate GPUs of one host (32 cores): each
+# system has a GPU of its own; they share the CPUs and the disk.
+set -u
+PHASE=${1:?phase: speed | dist | rest}
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+END=$((T0 + ${CALL_SECONDS:-575}))
+left() { echo $((END - $(date +%s))); }
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DISABLE_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-/tmp/out_local}
+mkdir -p "$OUT"
+RUN_ID=${RUN_ID:-$(date -u +%Y%m%dT%H%M%SZ)}
+export RUN_ID
+
+install() {  # $1 = target, rest = wheel files
+  local target=$1
+  shift
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "$@" \
+    >/dev/null 2>&1 || { echo "wheel install into $target failed"; exit 1; }
+}
+[ -d /tmp/site_lm/deepspeed ] || install /tmp/site_lm .whl/lm/*.whl .whl/bnb/*.whl
+LM_PATH=/tmp/site_lm:$PWD/src
+if [ "$PHASE" = speed ] && [ ! -d /tmp/site/llamafactory ]; then install /tmp/site .whl/lf/*.whl .whl/liger/*.whl; fi
+echo "wheels ready after $(($(date +%s) - T0))s"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+ARCHS=qwen2.5-0.5b,qwen2.5-7b
+if [ ! -f /tmp/assets/qwen2.5-7b/config.json ] || [ ! -f /tmp/assets/qwen2.5-0.5b/config.json ]; then
+  CUDA_VISIBLE_DEVICES=0 python3 bench/make_assets.py /tmp/assets $ARCHS 2>&1 | grep -v Writing | tail -4
+fi
+echo "assets ready after $(($(date +%s) - T0))s"
+
+case "$PHASE" in
+speed)
+  (
+    B=$(($(left) - 200))  # LF's three runs, then QLoRA in what is left
+    CUDA_VISIBLE_DEVICES=0 python3 bench/lmstack_bench.py all --systems llamafactory --set default --budget $B \
+      --run-id "$RUN_ID" --logs /tmp/logs_lf
+    Q=$(($(left) - 10))
+    [ $Q -gt 90 ] && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$LM_PATH timeout $Q python3 bench/qlora_bench.py \
+      --assets /tmp/assets --runs nf4,int8,bf16 --steps 20 --timeout 110
+  ) >"$OUT/stream_gpu0.log" 2>&1 &
+  (
+    B=$(($(left) - 200))
+    CUDA_VISIBLE_DEVICES=1 python3 bench/lmstack_bench.py all --systems lmstack --set default --budget $B \
+      --run-id "$RUN_ID" --logs /tmp/logs_lm
+    S=$(($(left) - 10))
+    [ $S -gt 60 ] && CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$LM_PATH python3 bench/stage_bench.py --assets /tmp/assets \
+      --runs dpo_lora_0.5b,sft_lora_0.5b,auto_lora_7b,auto_full_0.5b --steps 20 --budget $S
+  ) >"$OUT/stream_gpu1.log" 2>&1 &
+  wait
+  ;;
+dist | rest)
+  if [ "$PHASE" = dist ]; then
+    PYTHONPATH=$LM_PATH timeout 60 python3 -m lmstack.cli env 2>&1 | tee "$OUT/env.txt" | tail -3
+    ITEMS=""
+  else
+    ITEMS=${2:?items}
+  fi
+  PYTHONPATH=$LM_PATH python3 bench/distributed_bench.py all --assets /tmp/assets --nproc 2 --steps 20 \
+    --budget $(($(left) - 15)) --run-id "$RUN_ID" ${ITEMS:+--only $ITEMS} 2>&1 | tee "$OUT/dist.log" | grep -v "^\s*$" | tail -20
+  ;;
+esac
+# at most 8 files come back: one tarball of every log replaces the per-stream ones written during the runs
+tar czf "$OUT/logs.tar.gz" /tmp/logs_lf /tmp/logs_lm /tmp/dist_bench/*.log /tmp/stage_bench/*.log 2>/dev/null
+[ -s "$OUT/logs.tar.gz" ] && rm -f "$OUT"/bench_logs_*.tar.gz
+echo "phase $PHASE done after $(($(date +%s) - T0))s"
+ls "$OUT"
