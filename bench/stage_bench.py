@@ -3,7 +3,8 @@ lmstack's real `train` path in its own subprocess, one JSON line per run.
 
     python3 bench/stage_bench.py --assets ROOT [--runs sft_lora_0.5b,...] [--steps 20] [--budget 540]
         ROOT is built by `python3 bench/make_assets.py ROOT qwen2.5-0.5b,qwen2.5-7b`; lines are appended
-        to bench/results/stages.jsonl (--results) and to $OUT/stages.jsonl when OUT is set
+        to bench/results/stages.jsonl (--results) and to $OUT/stages.jsonl when OUT is set; run logs
+        in WORK/<name>.log (--work, default /tmp/stage_bench)
     python3 bench/stage_bench.py --child SPEC_JSON      (internal: one run)
 
 Step time = wall time between consecutive optimizer-step ends (CUDA-synchronised; it includes data
@@ -64,15 +65,13 @@ class Run:
         return any(v == "auto" for v in self.cfg.values())
 
 
+DPO = dict(stage="dpo", dataset="synth_pref", pref_beta=0.1, pref_loss="sigmoid")  # reference: adapter off
+FULL = dict(finetuning_type="full", learning_rate=1e-5)
 RUNS = [
-    Run("sft_lora_0.5b", SMALL, "lora", {"stage": "sft", **LORA}, 180),
-    Run(
-        "dpo_lora_0.5b", SMALL, "lora",
-        {"stage": "dpo", **LORA, "dataset": "synth_pref", "pref_beta": 0.1, "pref_loss": "sigmoid"}, 180,
-    ),  # fmt: skip
-    Run("auto_full_0.5b", SMALL, "full", {"stage": "sft", "finetuning_type": "full", "learning_rate": 1e-5,
-                                          **AUTO}, 240),  # fmt: skip
-    Run("auto_lora_7b", BIG, "lora", {"stage": "sft", **LORA, **AUTO}, 300),
+    Run("sft_lora_0.5b", SMALL, "lora", {"stage": "sft", **LORA}, timeout=180),
+    Run("dpo_lora_0.5b", SMALL, "lora", {**DPO, **LORA}, timeout=180),
+    Run("auto_full_0.5b", SMALL, "full", {"stage": "sft", **FULL, **AUTO}, timeout=240),
+    Run("auto_lora_7b", BIG, "lora", {"stage": "sft", **LORA, **AUTO}, timeout=300),
 ]
 
 
@@ -182,7 +181,7 @@ def make_recorder(torch):
             tokens = window[-1][2] - window[0][2] if window else 0
             losses = [x["loss"] for x in self.logs if "loss" in x]
             last = {k: v for x in self.logs for k, v in x.items() if k.startswith("rewards/")}
-            gib = lambda n: round(n / 2**30, 2) if cuda else None  # noqa: E731
+            gib = lambda n: round(n / 2**30, 2)  # noqa: E731
             return {
                 "steps": self.marks[-1][0] if self.marks else 0,
                 "step_time_s_median": round(statistics.median(times), 4) if times else None,
@@ -256,11 +255,10 @@ def execute(spec: dict, timeout: float, log_path: Path) -> tuple[int, dict | Non
 
 
 def run_config(run: Run, args: argparse.Namespace, cuda: bool, work: Path) -> dict:
-    model = args.arch_override or str(Path(args.assets) / run.arch)
     return {
         **BASE,
         **run.cfg,
-        "model_name_or_path": model,
+        "model_name_or_path": args.arch_override or str(Path(args.assets) / run.arch),
         "dataset_dir": str(work / "data"),
         "output_dir": str(work / "out" / run.name),
         "max_steps": args.steps,
@@ -270,15 +268,22 @@ def run_config(run: Run, args: argparse.Namespace, cuda: bool, work: Path) -> di
 
 
 def bench_one(run: Run, args: argparse.Namespace, env: dict, deadline: float, work: Path) -> dict:
-    line = {"name": run.name, "stage": run.stage, "method": run.method, "model": run.arch}
+    model_path = args.arch_override or str(Path(args.assets) / run.arch)
+    line = {
+        "name": run.name,
+        "stage": run.stage,
+        "method": run.method,
+        "model": run.arch,
+        "model_path": model_path,
+    }
     left = deadline - time.time()
-    if not args.arch_override and not (Path(args.assets) / run.arch / "config.json").is_file():
+    if not (Path(model_path) / "config.json").is_file():
         return {**line, "status": "skipped: no asset"}
     if left < MIN_LEFT_S:
         return {**line, "status": "skipped", "reason": f"budget: {left:.0f}s left"}
     cfg = run_config(run, args, env["cuda"], work)
     spec = {"name": run.name, "config": cfg, "auto": run.auto, "port": free_port()}
-    log_path = work / "logs" / f"{run.name}.log"
+    log_path = work / f"{run.name}.log"
     start = time.time()
     rc, result = execute(spec, min(run.timeout, left), log_path)
     line.update(status="ok" if rc == 0 and result else "failed", rc=rc, wall_s=round(time.time() - start, 1))
@@ -317,49 +322,54 @@ def main() -> None:
     deadline = time.time() + args.budget
     run_id = args.run_id or dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     work = Path(args.work)
-    (work / "logs").mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
     prepare_data(Path(args.assets), work / "data")
     env = probe()
     print("environment", json.dumps(env), flush=True)
     lines = []
-    for run in [r for r in RUNS if r.name in chosen]:
+    by_name = {r.name: r for r in RUNS}
+    for run in [by_name[n] for n in chosen]:  # in the order given
         line = bench_one(run, args, env, deadline, work)
         line.update(gpu=env["gpu"], versions=env["versions"], run_id=run_id,
                     date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))  # fmt: skip
         lines.append(line)
-        write_line(line, Path(args.results), work / "logs" / f"{run.name}.log")
+        write_line(line, Path(args.results))
     print_summary(lines)
 
 
-def write_line(line: dict, results: Path, log_path: Path) -> None:
+def write_line(line: dict, results: Path) -> None:
     text = json.dumps(line)
     print("LINE", text, flush=True)
     targets = [results]
-    if os.environ.get("OUT"):  # what comes back from the GPU machine, the run logs with it
-        out = Path(os.environ["OUT"])
-        targets.append(out / "stages.jsonl")
-        if log_path.is_file():
-            (out / "stage_logs").mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(log_path, out / "stage_logs" / log_path.name)
+    if os.environ.get("OUT"):  # what comes back from the GPU machine (the logs stay in --work)
+        targets.append(Path(os.environ["OUT"]) / "stages.jsonl")
     for path in targets:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as fh:
             fh.write(text + "\n")
 
 
+def _cell(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
 def print_summary(lines: list[dict]) -> None:
-    fmt = "{:<16} {:<17} {:>5} {:>9} {:>9} {:>8} {:>17}  {}"
-    print("\n" + fmt.format("run", "status", "steps", "step_s", "tok/s", "alloc", "loss first>last", "notes"))
+    fmt = "{:<15} {:<17} {:>5} {:>8} {:>8} {:>7} {:>13}  {}"
+    print("\n" + fmt.format("run", "status", "steps", "step_s", "tok/s", "alloc", "loss", "notes"))
     for r in lines:
         notes = ""
         if r.get("dpo"):
-            notes = f"acc {r['dpo'].get('rewards/accuracies')} margin {r['dpo'].get('rewards/margins')}"
-        if r.get("auto", {}).get("resolved") is not None:
-            notes = f"auto {r['auto']['resolved']} used {r['auto'].get('used')}"
-        loss = f"{r.get('first_loss')}>{r.get('last_loss')}" if r.get("first_loss") is not None else "-"
-        print(fmt.format(r["name"], r["status"][:17], str(r.get("steps", "-")),
-                         str(r.get("step_time_s_median", "-")), str(r.get("tokens_per_sec", "-")),
-                         str(r.get("peak_alloc_gib", "-")), loss[:17], notes))  # fmt: skip
+            dpo = r["dpo"]
+            notes = f"acc {_cell(dpo.get('rewards/accuracies'))} margin {_cell(dpo.get('rewards/margins'))}"
+        if r.get("auto", {}).get("used"):
+            used = r["auto"]["used"]
+            notes = (f"auto: batch {used['per_device_train_batch_size']}, checkpointing "
+                     f"{used['gradient_checkpointing']}, ZeRO {used['deepspeed_zero_stage']}")  # fmt: skip
+        loss = f"{_cell(r['first_loss'])}>{_cell(r.get('last_loss'))}" if r.get("first_loss") else "-"
+        cells = [r.get(k) for k in ("steps", "step_time_s_median", "tokens_per_sec", "peak_alloc_gib")]
+        print(fmt.format(r["name"], r["status"][:17], *map(_cell, cells), loss, notes))
 
 
 if __name__ == "__main__":
