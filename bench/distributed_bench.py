@@ -90,17 +90,21 @@ def worker(cfg_path: str, result_prefix: str) -> int:
     from lmstack.cli.main import main
 
     rank = int(os.environ.get("RANK", "0"))
+    cuda = torch.cuda.is_available()  # CPU (gloo) only for checking this script with the tiny model
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    gib = lambda fn: round(fn() / 2**30, 3) if cuda else None  # noqa: E731
 
     class Measure(TrainerCallback):
         t0 = tok0 = None
         losses: list[float] = []
 
         def on_train_begin(self, args, state, control, **kw):
-            torch.cuda.reset_peak_memory_stats()
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
 
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == WARMUP:
-                torch.cuda.synchronize()
+                sync()
                 self.t0, self.tok0 = time.perf_counter(), state.num_input_tokens_seen
 
         def on_log(self, args, state, control, logs=None, **kw):
@@ -108,14 +112,14 @@ def worker(cfg_path: str, result_prefix: str) -> int:
                 self.losses.append(float(logs["loss"]))
 
         def on_train_end(self, args, state, control, **kw):
-            torch.cuda.synchronize()
+            sync()
             t1, tok1 = time.perf_counter(), state.num_input_tokens_seen
             steady_steps = state.global_step - WARMUP
             row = {
                 "rank": rank,
                 "steps": state.global_step,
-                "peak_alloc_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
-                "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3),
+                "peak_alloc_gib": gib(torch.cuda.max_memory_allocated),
+                "peak_reserved_gib": gib(torch.cuda.max_memory_reserved),
             }
             if rank == 0 and self.t0 is not None and steady_steps > 0:
                 row.update(steady_tokens_per_sec=round((tok1 - self.tok0) / (t1 - self.t0)),
@@ -212,7 +216,7 @@ def run_one(workload: str, strategy: str, args: argparse.Namespace, work: Path, 
             row.update(
                 {k: v for k, v in r.items() if k not in ("rank", "peak_alloc_gib", "peak_reserved_gib")}
             )
-    if ranks:
+    if ranks and ranks[0]["peak_alloc_gib"] is not None:
         row["peak_alloc_gib"] = max(r["peak_alloc_gib"] for r in ranks)
         row["peak_reserved_gib"] = max(r["peak_reserved_gib"] for r in ranks)
         row["peak_alloc_gib_per_rank"] = [r["peak_alloc_gib"] for r in sorted(ranks, key=lambda r: r["rank"])]

@@ -305,6 +305,11 @@ class TrainingArgs(Section):
     )
     dataloader_num_workers: int = Field(0, ge=0, description="Data-loader worker processes.")
     ddp_timeout: int = Field(1800, gt=0, description="Seconds a rank waits for the others.")
+    ddp_find_unused_parameters: bool = Field(
+        False,
+        description="DDP searches the graph for unused parameters every step (slower); lmstack's "
+        "stages use every trainable parameter, so off unless a custom model needs it.",
+    )
     deepspeed: str | None = Field(
         None,
         description="Path to a DeepSpeed JSON config, or auto (the planner picks none or a ZeRO template).",

@@ -142,6 +142,7 @@ def training_arguments(cfg: Config, device: str) -> Any:
         report_to=t.report_to,
         dataloader_num_workers=t.dataloader_num_workers,
         ddp_timeout=t.ddp_timeout,
+        ddp_find_unused_parameters=t.ddp_find_unused_parameters,
         deepspeed=deepspeed_for_trainer(cfg),  # validated JSON, lmstack's own "auto" resolved
         torch_compile=t.torch_compile,
         disable_tqdm=t.disable_tqdm,

@@ -66,3 +66,13 @@ def test_wait_is_bounded_by_ddp_timeout_with_a_clear_message(base_cfg):
     assert "rank 1: waited ddp_timeout=2 s for the main process (tokenizing the datasets)" in message
     assert "raise ddp_timeout" in message
     assert waited < 5
+
+
+def test_ddp_skips_the_unused_parameter_search_unless_asked(base_cfg):
+    """Trainer's default (True for a model without checkpointing) costs a graph walk per step."""
+    from lmstack.config.load import build_config
+    from lmstack.train.common import training_arguments
+
+    assert training_arguments(build_config(base_cfg), "cpu").ddp_find_unused_parameters is False
+    asked = build_config({**base_cfg, "ddp_find_unused_parameters": True})
+    assert training_arguments(asked, "cpu").ddp_find_unused_parameters is True
