@@ -135,11 +135,11 @@ def base_config(assets: str, arch: str, name: str, overrides: dict) -> dict:
 
 
 def predict(cfg_dict: dict, gpu_gib: float, gpus: int = 1, fsdp: bool = False) -> dict:
+    import dataclasses
+
     from lmstack.config.load import build_config
     from lmstack.plan import plan
     from lmstack.plan.from_config import request_from_config
-
-    import dataclasses
 
     req = request_from_config(build_config(cfg_dict), gpus, gpu_gib)
     result = plan(dataclasses.replace(req, fsdp=True) if fsdp else req)

@@ -59,7 +59,10 @@ def fsdp_settings(env: Mapping[str, str] | None = None) -> dict:
         return {"fsdp": False}
     raw = str(env.get("FSDP_SHARDING_STRATEGY", "FULL_SHARD")).strip().upper()
     sharding = FSDP_STRATEGY_IDS.get(raw, raw)
-    return {"fsdp": True, "fsdp_sharding": sharding if sharding in ("FULL_SHARD", "SHARD_GRAD_OP") else "FULL_SHARD"}
+    return {
+        "fsdp": True,
+        "fsdp_sharding": sharding if sharding in ("FULL_SHARD", "SHARD_GRAD_OP") else "FULL_SHARD",
+    }
 
 
 def _optimizer(cfg: Config) -> str:
