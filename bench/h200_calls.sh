@@ -64,6 +64,9 @@ speed)
 dist | rest)
   if [ "$PHASE" = dist ]; then
     PYTHONPATH=$LM_PATH timeout 60 python3 -m lmstack.cli env 2>&1 | tee "$OUT/env.txt" | tail -3
+    # ZeRO-3 + LoRA across both GPUs: every saved adapter tensor non-empty, reload gives the same logits
+    LMSTACK_GPU_NPROC=2 PYTHONPATH=$LM_PATH timeout 150 python3 -m pytest -q -p no:cacheprovider \
+      tests/gpu/test_distributed_gpu.py -k zero3_lora 2>&1 | tee -a "$OUT/env.txt" | tail -3
     ITEMS=""
   else
     ITEMS=${2:?items}

@@ -117,7 +117,8 @@ def test_zero3_lora_save_gathers_real_weights_and_reloads(base_cfg, tmp_path, ti
     logits_file = tmp_path / "trained_logits.pt"
     from lmstack.launch.torchrun import free_port
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(free_port()),
+    nproc = os.environ.get("LMSTACK_GPU_NPROC", "1")  # 2 on a two-GPU machine: the gather spans both ranks
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", nproc, "--master_port", str(free_port()),
            str(HERE / "_zero3_logits_worker.py"), str(cfg), str(logits_file)]  # fmt: skip
     _run(cmd, _env(tmp_path))
     out = tmp_path / "z3"
