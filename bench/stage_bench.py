@@ -143,6 +143,14 @@ def child(spec: dict) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def checkpointing(model) -> bool | None:
+    """Whether the model recomputes activations (transformers >= 5.2x renamed the flag)."""
+    for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
+        if hasattr(model, name):
+            return bool(getattr(model, name))
+    return None
+
+
 def make_recorder(torch):
     from transformers import TrainerCallback
 
@@ -161,7 +169,7 @@ def make_recorder(torch):
             ds = args.deepspeed if isinstance(args.deepspeed, dict) else None
             self.used = {
                 "per_device_train_batch_size": args.per_device_train_batch_size,
-                "gradient_checkpointing": getattr(model, "is_gradient_checkpointing", None),
+                "gradient_checkpointing": checkpointing(model),
                 "deepspeed_zero_stage": ds["zero_optimization"].get("stage") if ds else None,
             }
             sync()
