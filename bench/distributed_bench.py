@@ -98,9 +98,14 @@ def worker(cfg_path: str, result_prefix: str) -> int:
         t0 = tok0 = None
         losses: list[float] = []
 
+        master_weights = None
+
         def on_train_begin(self, args, state, control, **kw):
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
+            opt = kw.get("optimizer")
+            inner = getattr(opt, "optimizer", opt)  # accelerate wraps the Trainer's optimizer
+            self.master_weights = "optimizer" if type(inner).__name__ == "Fp32MasterWeights" else "model"
 
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == WARMUP:
@@ -118,6 +123,7 @@ def worker(cfg_path: str, result_prefix: str) -> int:
             row = {
                 "rank": rank,
                 "steps": state.global_step,
+                "master_weights": self.master_weights,
                 "peak_alloc_gib": gib(torch.cuda.max_memory_allocated),
                 "peak_reserved_gib": gib(torch.cuda.max_memory_reserved),
             }

@@ -9,6 +9,9 @@
 #   bash bench/h200_calls.sh dist    # `lmstack env` all-reduce on both GPUs, then the 2-GPU matrix
 #                                    # (bench/distributed_bench.py --nproc 2)
 #   bash bench/h200_calls.sh rest ITEMS   # what an earlier call left: distributed items on 2 GPUs
+#   bash bench/h200_calls.sh final   # GPU0: LF 0.5B full, GPU1: lmstack 0.5B full (same call: the ratio), then
+#                                    # planner-accuracy runs split over both GPUs (bench/plan_accuracy.py
+#                                    # --set small), then 2-GPU 7B LoRA DDP/FSDP/ZeRO-2 and 0.5B full DDP
 # The two streams of `speed` run at the same time on separate GPUs of one host (32 cores): each
 # system has a GPU of its own; they share the CPUs and the disk.
 set -u
@@ -32,11 +35,13 @@ install() {  # $1 = target, rest = wheel files
 }
 [ -d /tmp/site_lm/deepspeed ] || install /tmp/site_lm .whl/lm/*.whl .whl/bnb/*.whl
 LM_PATH=/tmp/site_lm:$PWD/src
-if [ "$PHASE" = speed ] && [ ! -d /tmp/site/llamafactory ]; then install /tmp/site .whl/lf/*.whl .whl/liger/*.whl; fi
+if [ "$PHASE" = speed ] || [ "$PHASE" = final ] && [ ! -d /tmp/site/llamafactory ]; then install /tmp/site .whl/lf/*.whl .whl/liger/*.whl; fi
 echo "wheels ready after $(($(date +%s) - T0))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 ARCHS=qwen2.5-0.5b,qwen2.5-7b
-if [ ! -f /tmp/assets/qwen2.5-7b/config.json ] || [ ! -f /tmp/assets/qwen2.5-0.5b/config.json ]; then
+[ "$PHASE" = final ] && ARCHS=qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b
+if [ ! -f /tmp/assets/qwen2.5-7b/config.json ] || [ ! -f /tmp/assets/qwen2.5-0.5b/config.json ] ||
+  { [ "$PHASE" = final ] && [ ! -f /tmp/assets/qwen2.5-1.5b/config.json ]; }; then
   CUDA_VISIBLE_DEVICES=0 python3 bench/make_assets.py /tmp/assets $ARCHS 2>&1 | grep -v Writing | tail -4
 fi
 echo "assets ready after $(($(date +%s) - T0))s"
@@ -61,6 +66,28 @@ speed)
   ) >"$OUT/stream_gpu1.log" 2>&1 &
   wait
   ;;
+final)
+  PLAN_A=0.5b_full_mb2_s1024,0.5b_full_mb4_s2048_ckpt,0.5b_full_mb8_s2048_liger,0.5b_lora_mb8_s2048_ckpt,0.5b_full_mb4_z2,0.5b_full_mb4_z3_offload,1.5b_full_mb2_s2048,1.5b_full_mb8_liger,1.5b_lora_mb8_ckpt
+  PLAN_B=0.5b_lora_mb2_s4096,0.5b_full_mb4_s2048,0.5b_lora_mb4_s2048,0.5b_full_mb8_s2048_ckpt,0.5b_full_mb4_z3,0.5b_lora_mb4_z3,1.5b_full_mb4_s2048_ckpt,1.5b_lora_mb4_s2048,1.5b_full_mb4_z2
+  A_END=$(($(date +%s) + $(left) - 300))  # both GPUs to themselves until 300 s before the end
+  (
+    CUDA_VISIBLE_DEVICES=0 python3 bench/lmstack_bench.py all --systems llamafactory --set full05 --budget 150 \
+      --run-id "$RUN_ID" --logs /tmp/logs_lf
+    CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$LM_PATH timeout $((A_END - $(date +%s))) python3 bench/plan_accuracy.py \
+      /tmp/assets "$OUT/plan_runs_gpu0.json" --set small --only $PLAN_A --timeout 90
+  ) >/tmp/stream_gpu0.log 2>&1 &
+  (
+    CUDA_VISIBLE_DEVICES=1 python3 bench/lmstack_bench.py all --systems lmstack --set full05 --budget 170 \
+      --run-id "$RUN_ID" --logs /tmp/logs_lm
+    CUDA_VISIBLE_DEVICES=1 PYTHONPATH=$LM_PATH timeout $((A_END - $(date +%s))) python3 bench/plan_accuracy.py \
+      /tmp/assets "$OUT/plan_runs_gpu1.json" --set small --only $PLAN_B --timeout 90
+  ) >/tmp/stream_gpu1.log 2>&1 &
+  wait
+  PYTHONPATH=$LM_PATH python3 bench/distributed_bench.py all --assets /tmp/assets --nproc 2 --steps 20 \
+    --budget $(($(left) - 15)) --run-id "$RUN_ID" --only 7b_lora:ddp,0.5b_full:ddp,7b_lora:fsdp,7b_lora:z2 2>&1 |
+    tee /tmp/dist.log | grep -v "^\s*$" | tail -8
+  tail -3 /tmp/stream_gpu0.log /tmp/stream_gpu1.log
+  ;;
 dist | rest)
   if [ "$PHASE" = dist ]; then
     PYTHONPATH=$LM_PATH timeout 60 python3 -m lmstack.cli env 2>&1 | tee "$OUT/env.txt" | tail -3
@@ -76,7 +103,8 @@ dist | rest)
   ;;
 esac
 # at most 8 files come back: one tarball of every log replaces the per-stream ones written during the runs
-tar czf "$OUT/logs.tar.gz" /tmp/logs_lf /tmp/logs_lm /tmp/dist_bench/*.log /tmp/stage_bench/*.log 2>/dev/null
+tar czf "$OUT/logs.tar.gz" /tmp/logs_lf /tmp/logs_lm /tmp/dist_bench/*.log /tmp/stage_bench/*.log /tmp/stream_gpu*.log \
+  /tmp/dist.log 2>/dev/null
 [ -s "$OUT/logs.tar.gz" ] && rm -f "$OUT"/bench_logs_*.tar.gz
 echo "phase $PHASE done after $(($(date +%s) - T0))s"
 ls "$OUT"

@@ -98,6 +98,7 @@ def runs(set_name: str) -> list[Run]:
     sets = {
         "default": small + big,
         "small": small,
+        "full05": small[:2],  # 0.5B full only: LF's best and lmstack's
         "big": big,
         "lmstack": [r for r in small + big if r.system == "lmstack"],
         "smoke": smoke,
@@ -132,6 +133,7 @@ def lmstack_one(name: str, cfg: dict) -> None:
             "loaded ",
             "LoRA adapters",
             "fused",
+            "master_weights",
         )
 
         def emit(self, record):
@@ -431,7 +433,9 @@ def main() -> None:
     a = sub.add_parser("all")
     a.add_argument("--assets", default="/tmp/assets")
     a.add_argument(
-        "--set", default="default", choices=["default", "small", "big", "lmstack", "smoke", "compile"]
+        "--set",
+        default="default",
+        choices=["default", "small", "full05", "big", "lmstack", "smoke", "compile"],
     )
     a.add_argument("--budget", type=float, default=540, help="seconds for all runs together")
     a.add_argument("--run-id", default=None)

@@ -283,6 +283,12 @@ class TrainingArgs(Section):
     warmup_steps: int = Field(0, ge=0, description="Warm-up steps (wins over warmup_ratio when > 0).")
     bf16: bool = Field(False, description="bf16 mixed precision (CPU autocast on CPU).")
     fp16: bool = Field(False, description="fp16 mixed precision (GPU only).")
+    master_weights: Literal["auto", "model", "optimizer"] = Field(
+        "auto",
+        description="Full/freeze with bf16: fp32 weights in the model under autocast (model), or bf16 "
+        "model weights with fp32 master copies in the optimizer (optimizer, as DeepSpeed/FSDP do); "
+        "auto = optimizer on a CUDA GPU where it applies.",
+    )
     gradient_checkpointing: bool | Literal["auto"] = Field(
         False, description="Recompute activations in backward: true | false | auto (planner decides)."
     )

@@ -186,6 +186,7 @@ def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
         cfg.finetuning.pure_bf16
         or cfg.finetuning.use_badam  # BAdam keeps weights in half precision, fp32 copies of one block only
         or (cfg.finetuning.finetuning_type == "lora" and device_type == "cuda")
+        or cfg.training.master_weights == "optimizer"  # fp32 masters live in the optimizer instead
     )
     load_dtype = dtype if keep_half else torch.float32
     attn = attention_implementation(cfg, device_type)

@@ -36,6 +36,11 @@ class Setup:
     fused_ce: bool = False
     optimizer: str = "adamw"  # OPTIMIZERS
     optimizer_rank: int = 16  # galore_rank / apollo_rank
+    liger: bool | None = None  # Liger's kernel set (RMSNorm/SwiGLU/RoPE); None = same as fused_ce
+    # classic AMP: fp32 weights in the model (master_weights: model); else bf16 compute weights with
+    # the fp32 masters in the optimizer (master_weights: optimizer, DeepSpeed, FSDP MixedPrecision)
+    fp32_model_weights: bool = False
+    fp32_adapters: bool = False  # PEFT's default fp32 LoRA weights (lmstack casts them to a bf16 base)
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,11 @@ def model_states(spec: ModelSpec, s: Setup) -> _States:
     if s.offload_param:
         st.cpu += w_train + w_frozen
         w_train = w_frozen = 0.0
+    if s.fp32_model_weights and stage == 0 and s.finetuning_type != "lora" and not s.offload_optimizer:
+        # classic AMP: fp32 weights (4 B) and grads (4 B), Adam m+v (8 B) -- the same 16 B, split so
+        w_train, grads, optim = 2 * w_train, 2 * grads, optim - mem.FP32_BYTES * trainable
+    if n > 1 and stage == 0:  # DDP's gradient buckets: a second copy of the gradients
+        grads *= 2
     st.weights = w_train + w_frozen + live
     st.grads = grads + fp32_grads
     st.optim = optim
@@ -191,10 +201,21 @@ def cpu_bytes_per_node(st: _States, s: Setup) -> float:
 
 
 def activation_factor(s: Setup) -> float:
-    factor = mem.PEFT_LORA_ACTIVATION_FACTOR if s.finetuning_type == "lora" else 1.0
-    if not s.fused_ce:  # fused_ce stands for the Liger kernel set (FLCE + RMSNorm/SwiGLU/RoPE)
+    """Measured multipliers of the bf16 formula (memory.py): stack, precision scheme, adapters."""
+    factor = mem.BF16_ACTIVATION_CALIBRATION
+    if s.finetuning_type == "lora" and s.fp32_adapters:
+        factor *= mem.PEFT_LORA_ACTIVATION_FACTOR
+    if s.fp32_model_weights and s.finetuning_type != "lora":
+        factor *= mem.FP32_RESIDUAL_ACTIVATION_FACTOR
+    liger = s.fused_ce if s.liger is None else s.liger
+    if not liger:
         factor *= mem.STOCK_HF_ACTIVATION_FACTOR
     return factor
+
+
+def _recompute_layer_bytes(spec: ModelSpec, s: Setup) -> float:
+    per_layer = mem.activation_bytes_per_token_layer(spec.hidden_size, spec.kv_dim, spec.intermediate_size)
+    return s.micro_batch * s.seq_len * per_layer * activation_factor(s)
 
 
 def activations(spec: ModelSpec, s: Setup) -> float:
@@ -212,11 +233,31 @@ def activations(spec: ModelSpec, s: Setup) -> float:
     )
 
 
+def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
+    """Optimizer-held fp32 masters (train/master_weights.py) convert the bf16 grads to fp32 at the
+    step, after the activations are freed: it raises the peak only where it exceeds them."""
+    masters = (
+        s.finetuning_type != "lora" and not s.fp32_model_weights and not s.pure_bf16
+        and s.deepspeed_stage in (None, 0) and s.fsdp is None and s.optimizer == "adamw"
+    )  # fmt: skip
+    if not masters:
+        return 0.0
+    trainable, _, _ = _trainable_frozen(spec, s)
+    return max(0.0, mem.FP32_BYTES * trainable - freed)
+
+
 def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     """Predicted peak memory of one GPU for setup ``s`` plus CPU memory for offload."""
     validate_setup(s)
     st = model_states(spec, s)
     acts = activations(spec, s)
-    logits = mem.logits_bytes(s.micro_batch * s.seq_len, spec.vocab_size, s.fused_ce)
-    gpu = mem.breakdown(st.weights, st.grads, st.optim, acts, logits, st.adapters)
+    liger = s.fused_ce if s.liger is None else s.liger
+    chunk = mem.FUSED_CE_CHUNK_TOKENS if liger else mem.LMSTACK_CE_CHUNK_TOKENS
+    logits = mem.logits_bytes(s.micro_batch * s.seq_len, spec.vocab_size, s.fused_ce, chunk)
+    if s.gradient_checkpointing and s.fused_ce:
+        # the fused loss runs at the end of the forward, the one-layer recompute during the backward:
+        # they never coexist, so only the part of the loss chunk above that layer adds to the peak
+        logits = max(0.0, logits - _recompute_layer_bytes(spec, s))
+    optim = st.optim + _step_transient(spec, s, acts + logits)
+    gpu = mem.breakdown(st.weights, st.grads, optim, acts, logits, st.adapters)
     return Estimate(gpu=gpu, cpu_gib=cpu_bytes_per_node(st, s) / mem.GIB)

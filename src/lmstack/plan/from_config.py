@@ -65,6 +65,26 @@ def fsdp_settings(env: Mapping[str, str] | None = None) -> dict:
     }
 
 
+def _fused_ce(cfg: Config, ds: dict) -> bool:
+    """Liger's fused linear CE, or lmstack's chunked one, which sft/pt use unless ZeRO-3 partitions
+    the output head (models/kernels.py)."""
+    return cfg.model.enable_liger_kernel or (
+        cfg.finetuning.stage in ("sft", "pt") and ds["deepspeed_stage"] != 3
+    )
+
+
+def _fp32_model_weights(cfg: Config, ds: dict) -> bool:
+    """Classic AMP keeps fp32 weights in the model; lmstack's default on a GPU is bf16 weights with
+    the fp32 masters in the optimizer (train/master_weights.py), as DeepSpeed and FSDP do."""
+    from lmstack.train.master_weights import master_weights_mode
+
+    if cfg.finetuning.finetuning_type == "lora" or ds["deepspeed_stage"] not in (None, 0) or fsdp_requested():
+        return False
+    if cfg.finetuning.pure_bf16 or not (cfg.training.bf16 or cfg.training.fp16):
+        return False
+    return master_weights_mode(cfg, "cuda") == "model"  # the planner plans for a GPU
+
+
 def _optimizer(cfg: Config) -> str:
     """use_galore | use_apollo | use_badam | use_muon (or optim: muon) -> the planner's optimizer name."""
     for name in ("galore", "apollo", "badam", "muon"):
@@ -83,6 +103,7 @@ def request_from_config(
 ) -> PlanRequest:
     spec = ModelSpec.from_pretrained_dir(cfg.model.model_name_or_path)
     gc = cfg.training.gradient_checkpointing
+    ds = deepspeed_settings(cfg.training.deepspeed)
     return PlanRequest(
         spec=spec,
         finetuning_type=cfg.finetuning.finetuning_type,
@@ -97,7 +118,10 @@ def request_from_config(
         gradient_checkpointing=None if (search or gc == "auto") else bool(gc),
         attention=_attention(cfg),
         packing=bool(cfg.data.packing or cfg.data.neat_packing),
-        fused_ce=cfg.model.enable_liger_kernel,
+        fused_ce=_fused_ce(cfg, ds),
+        liger=cfg.model.enable_liger_kernel,
+        fp32_model_weights=_fp32_model_weights(cfg, ds),
+        fp32_adapters=cfg.finetuning.finetuning_type == "lora" and not cfg.training.bf16,
         num_gpus=gpus * nodes,
         gpu_memory_gib=gpu_memory_gib,
         nodes=nodes,
@@ -108,6 +132,6 @@ def request_from_config(
         optimizer_rank=cfg.finetuning.apollo_rank
         if cfg.finetuning.use_apollo
         else cfg.finetuning.galore_rank,
-        **deepspeed_settings(cfg.training.deepspeed),
+        **ds,
         **fsdp_settings(),
     )

@@ -75,6 +75,9 @@ class PlanRequest:
     freeze_trainable_layers: int = 2
     optimizer: str = "adamw"  # adamw | galore | apollo | badam | muon
     optimizer_rank: int = 16
+    liger: bool | None = None  # Liger kernels; None = follow fused_ce (the search toggles both)
+    fp32_model_weights: bool = False  # master_weights: model (classic AMP), see estimate.Setup
+    fp32_adapters: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,8 @@ def _base_setup(req: PlanRequest) -> Setup:
         fsdp=req.fsdp_sharding if req.fsdp else None, micro_batch=req.micro_batch or 1,
         seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing),
         attention=req.attention, fused_ce=bool(req.fused_ce), optimizer=req.optimizer,
-        optimizer_rank=req.optimizer_rank,
+        optimizer_rank=req.optimizer_rank, liger=req.liger, fp32_model_weights=req.fp32_model_weights,
+        fp32_adapters=req.fp32_adapters,
     )  # fmt: skip
 
 
@@ -215,6 +219,8 @@ def evaluate(req: PlanRequest, st: Strategy, s: Setup) -> Candidate:
 def search(req: PlanRequest, strategies: list[Strategy]) -> list[Candidate]:
     """Every strategy x checkpointing x micro-batch x kernel choice the request leaves open."""
     base = _base_setup(req)
+    if req.fused_ce is None:  # the search toggles Liger (its fused CE and its kernels) as one switch
+        base = replace(base, liger=None)
     validate_setup(base)
     ckpts = [req.gradient_checkpointing] if req.gradient_checkpointing is not None else [False, True]
     mbs = [req.micro_batch] if req.micro_batch else list(MICRO_BATCH_CHOICES)

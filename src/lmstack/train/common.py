@@ -58,8 +58,11 @@ def check_precision(cfg: Config, device: str) -> None:
 
 def start_run(cfg: Config) -> tuple[str, str | None]:
     """Every stage's first step: the device, precision checks, the output dir; returns (device, resume)."""
+    from lmstack.train.master_weights import master_weights_mode
+
     device = device_type(cfg)
     check_precision(cfg, device)
+    cfg.training.master_weights = master_weights_mode(cfg, device)  # auto -> model | optimizer
     return device, prepare_output_dir(cfg)
 
 
@@ -201,9 +204,13 @@ def build_trainer(
     from transformers import Trainer
 
     from lmstack.reliability.trainer import reliable
+    from lmstack.train.master_weights import with_master_weights
     from lmstack.train.optimizers import create_optimizer, method_callbacks
 
-    return reliable(Trainer)(
+    trainer_cls = reliable(Trainer)
+    if cfg.training.master_weights == "optimizer":  # bf16 model, fp32 masters in the optimizer
+        trainer_cls = with_master_weights(trainer_cls)
+    return trainer_cls(
         lmstack_cfg=cfg,
         model=model,
         args=args,

@@ -1,0 +1,152 @@
+"""The planner's per-GPU prediction for every measured GPU run of a benchmark session, offline (CPU):
+reads the result lines that came back from the GPU calls, rebuilds each run's exact config against
+config-only model folders (bench/make_assets.py's configs, no weights), asks the planner, and writes
+bench/results/plan_accuracy.json (rows + summary: median and worst |error|).
+
+    python3 bench/plan_check.py OUT_JSON RESULT_FILE...   (speed_*.jsonl, stages.jsonl, qlora.jsonl,
+                                                             distributed.jsonl, plan_runs.jsonl)
+Compared: the planner's total without its CUDA-context/fragmentation term ("allocated_equiv") vs
+torch.cuda.max_memory_allocated() (which sees neither).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import lmstack_bench  # noqa: E402
+import qlora_bench  # noqa: E402
+import stage_bench  # noqa: E402
+from make_assets import CONFIGS  # noqa: E402
+from plan_accuracy import predict  # noqa: E402
+
+H200_GIB = 139.8
+
+
+def config_only_assets(root: Path) -> None:
+    from transformers import Qwen2Config
+
+    for arch, c in CONFIGS.items():
+        Qwen2Config(max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, torch_dtype="bfloat16",
+                    **c).save_pretrained(root / arch)  # fmt: skip
+    (root / "data").mkdir(exist_ok=True)
+    (root / "data" / "dataset_info.json").write_text(json.dumps({"synth": {"file_name": "synth.json"}}))
+    (root / "data" / "synth.json").write_text(json.dumps([{"instruction": "a", "input": "", "output": "b"}]))
+
+
+def local(cfg: dict, root: Path, arch: str) -> dict:
+    return {
+        **cfg,
+        "model_name_or_path": str(root / arch),
+        "dataset_dir": str(root / "data"),
+        "output_dir": str(root / "o"),
+    }
+
+
+def from_speed(line: dict, root: Path) -> dict | None:
+    if line.get("system") != "lmstack" or line.get("status") != "ok":
+        return None
+    cfg = {**lmstack_bench.COMMON, **line["settings"]}
+    notes = " ".join(line.get("notes") or [])
+    if line["method"] == "full" and "(float32," in notes:  # made before master_weights existed: classic AMP
+        cfg["master_weights"] = "model"
+    return dict(name=line["name"], cfg=local(cfg, root, line["model"]), gpus=1, fsdp=False,
+                measured=line["peak_alloc_gib"])  # fmt: skip
+
+
+def from_stages(line: dict, root: Path) -> dict | None:
+    run = next((r for r in stage_bench.RUNS if r.name == line["name"]), None)
+    if run is None or line.get("status") != "ok" or run.stage not in ("sft", "pt"):
+        return None  # the planner models sft/pt; dpo's reference forward is not in it
+    cfg = {**stage_bench.BASE, **run.cfg, "max_steps": line.get("steps") or 20, "bf16": True}
+    cfg.update((line.get("auto") or {}).get("resolved") or {})
+    if run.method == "full" and (line.get("auto") or {}).get("used", {}).get("master_weights") != "optimizer":
+        cfg["master_weights"] = "model"
+    return dict(name=line["name"], cfg=local(cfg, root, run.arch), gpus=1, fsdp=False,
+                measured=line["peak_alloc_gib"])  # fmt: skip
+
+
+def from_qlora(line: dict, root: Path) -> dict | None:
+    if not line.get("peak_allocated_gib"):
+        return None
+    cfg = {**qlora_bench.COMMON, **qlora_bench.RUNS[line["name"]], "max_steps": line.get("steps") or 20}
+    return dict(name=f"qlora_{line['name']}", cfg=local(cfg, root, qlora_bench.ARCH), gpus=1, fsdp=False,
+                measured=line["peak_allocated_gib"])  # fmt: skip
+
+
+def from_distributed(line: dict, root: Path) -> dict | None:
+    if line.get("status") != "ok" or "config" not in line:
+        return None
+    cfg = dict(line["config"])
+    if (
+        line["method"] == "full" and line["strategy"] == "ddp"
+    ):  # older lines: made before master_weights existed
+        cfg["master_weights"] = line.get("master_weights") or "model"
+    return dict(name=line["name"], cfg=local(cfg, root, line["model"]), gpus=line["num_gpus"],
+                fsdp=line["strategy"] == "fsdp", measured=line["peak_alloc_gib"])  # fmt: skip
+
+
+def from_plan_runs(line: dict, root: Path) -> dict | None:
+    if "measured_gib" not in line:
+        return None
+    arch = Path(line["config"]["model_name_or_path"]).name
+    return dict(name=line["name"], cfg=local(line["config"], root, arch), gpus=1, fsdp=False,
+                measured=line["measured_gib"])  # fmt: skip
+
+
+READERS = {"speed": from_speed, "stages": from_stages, "qlora": from_qlora, "distributed": from_distributed,
+           "plan_runs": from_plan_runs}  # fmt: skip
+
+
+def main(out: Path, files: list[Path]) -> dict:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        config_only_assets(root)
+        for path in files:
+            kind = next(k for k in READERS if path.name.startswith(k))
+            if path.suffix == ".json":  # bench/plan_accuracy.py's document: {"meta", "runs": [...]}
+                lines = json.loads(path.read_text())["runs"]
+            else:
+                lines = [json.loads(t) for t in path.read_text().splitlines() if t.strip()]
+            for line in lines:
+                run = READERS[kind](line, root)
+                if run is None:
+                    continue
+                pred = predict(run["cfg"], H200_GIB, gpus=run["gpus"], fsdp=run["fsdp"])
+                err = 100 * (pred["allocated_equiv"] - run["measured"]) / run["measured"]
+                cfg = {k: v for k, v in run["cfg"].items() if k not in ("dataset_dir", "output_dir")}
+                cfg["model_name_or_path"] = Path(cfg["model_name_or_path"]).name
+                rows.append({"source": path.name, "name": run["name"], "num_gpus": run["gpus"],
+                             "measured_gib": run["measured"], "predicted_gib": pred["allocated_equiv"],
+                             "error_pct": round(err, 1), "predicted": pred, "config": cfg,
+                             "run_date": line.get("date"), "gpu": line.get("gpu")})  # fmt: skip
+    errs = sorted(abs(r["error_pct"]) for r in rows)
+    mid = len(errs) // 2
+    summary = {
+        "n": len(errs),
+        "median_abs_error_pct": (errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2)
+        if errs
+        else None,
+        "worst_abs_error_pct": errs[-1] if errs else None,
+        "within_5_pct": sum(e <= 5 for e in errs),
+        "within_15_pct": sum(e <= 15 for e in errs),
+    }
+    meta = {"computed": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "gpu_memory_gib": H200_GIB,
+            "compared": "planner total minus its overhead term vs torch.cuda.max_memory_allocated()"}  # fmt: skip
+    out.write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=1))
+    for r in rows:
+        print(f"{r['name']:34s} gpus {r['num_gpus']} meas {r['measured_gib']:7.2f} pred {r['predicted_gib']:7.2f} "
+              f"err {r['error_pct']:+6.1f}%")  # fmt: skip
+    print("SUMMARY", json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]])
