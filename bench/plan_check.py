@@ -3,8 +3,10 @@ reads the result lines that came back from the GPU calls, rebuilds each run's ex
 config-only model folders (bench/make_assets.py's configs, no weights), asks the planner, and writes
 bench/results/plan_accuracy.json (rows + summary: median and worst |error|).
 
-    python3 bench/plan_check.py OUT_JSON RESULT_FILE...   (speed_*.jsonl, stages.jsonl, qlora.jsonl,
-                                                             distributed.jsonl, plan_runs.jsonl)
+    python3 bench/plan_check.py OUT_JSON [--old-chunked-ce] RESULT_FILE...
+        RESULT_FILE: speed*.jsonl, stages*.jsonl, qlora*.jsonl, distributed*.jsonl, plan_runs*.json
+        --old-chunked-ce: the runs were made before the chunked CE freed each chunk early (all of
+        2026-11-29's); the planner then models that implementation's loss term
 Compared: the planner's total without its CUDA-context/fragmentation term ("allocated_equiv") vs
 torch.cuda.max_memory_allocated() (which sees neither).
 """
@@ -104,7 +106,19 @@ READERS = {"speed": from_speed, "stages": from_stages, "qlora": from_qlora, "dis
            "plan_runs": from_plan_runs}  # fmt: skip
 
 
-def main(out: Path, files: list[Path]) -> dict:
+OLD_CHUNKED_CE = {"LMSTACK_CE_CHUNK_TOKENS": 4096, "LMSTACK_CE_LIVE_CHUNKS": 2}
+
+
+def use_old_chunked_ce() -> None:
+    """Model the chunked CE that the GPU runs of 2026-11-29 ran (before it freed each chunk early):
+    4096-token chunks, the previous chunk's tensors still alive while the next was computed."""
+    from lmstack.plan import memory
+
+    for name, value in OLD_CHUNKED_CE.items():
+        setattr(memory, name, value)
+
+
+def main(out: Path, files: list[Path], old_ce: bool = False) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -139,7 +153,8 @@ def main(out: Path, files: list[Path]) -> dict:
         "within_15_pct": sum(e <= 15 for e in errs),
     }
     meta = {"computed": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "gpu_memory_gib": H200_GIB,
-            "compared": "planner total minus its overhead term vs torch.cuda.max_memory_allocated()"}  # fmt: skip
+            "compared": "planner total minus its overhead term vs torch.cuda.max_memory_allocated()",
+            "chunked_ce_model": OLD_CHUNKED_CE if old_ce else "current"}  # fmt: skip
     out.write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=1))
     for r in rows:
         print(f"{r['name']:34s} gpus {r['num_gpus']} meas {r['measured_gib']:7.2f} pred {r['predicted_gib']:7.2f} "
@@ -149,4 +164,9 @@ def main(out: Path, files: list[Path]) -> dict:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), [Path(p) for p in sys.argv[2:]])
+    argv = sys.argv[1:]
+    old = "--old-chunked-ce" in argv
+    if old:
+        argv.remove("--old-chunked-ce")
+        use_old_chunked_ce()
+    main(Path(argv[0]), [Path(p) for p in argv[1:]], old)

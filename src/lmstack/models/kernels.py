@@ -18,7 +18,9 @@ from lmstack.config.schema import Config
 
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
-DEFAULT_CHUNK = 4096
+# rows per chunk: the peak is ~6 B x chunk x vocab (bf16 product + fp32 copy, then fp32 grad + bf16
+# copy) = 1.7 GiB for Qwen's 152K vocab; plan/memory.py models it (LMSTACK_CE_*)
+DEFAULT_CHUNK = 2048
 
 
 def _chunked_ce_function():
@@ -39,10 +41,14 @@ def _chunked_ce_function():
             for start in range(0, h.shape[0], chunk_size):
                 hc, tc = h[start : start + chunk_size], targets[start : start + chunk_size, None]
                 logits = (hc @ w.t()).to(acc)
-                lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-                total += (lse - logits.gather(1, tc)).sum()
+                target = logits.gather(1, tc)
+                # logsumexp in place: torch.logsumexp allocates two more chunk-sized temporaries
+                top = logits.amax(dim=-1, keepdim=True)
+                logits.sub_(top).exp_()
+                norm = logits.sum(dim=-1, keepdim=True)
+                total += (top + norm.log() - target).sum()
                 if need_h or need_w:  # d loss / d logits = softmax - onehot, scaled by 1/denom
-                    logits.sub_(lse).exp_()
+                    logits.div_(norm)
                     logits.scatter_add_(1, tc, torch.full_like(tc, -1, dtype=logits.dtype))
                     logits.div_(denom)
                     g = logits.to(h.dtype)
@@ -50,6 +56,8 @@ def _chunked_ce_function():
                         grad_h[start : start + chunk_size] = g @ w
                     if need_w:
                         grad_w += (g.t() @ hc).to(acc)
+                    del g
+                del logits  # free this chunk before the next one is computed (else two chunks are alive)
             ctx.save_for_backward(
                 grad_h.to(hidden.dtype) if need_h else None,
                 grad_w.to(weight.dtype) if need_w else None,

@@ -252,8 +252,11 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     st = model_states(spec, s)
     acts = activations(spec, s)
     liger = s.fused_ce if s.liger is None else s.liger
-    chunk = mem.FUSED_CE_CHUNK_TOKENS if liger else mem.LMSTACK_CE_CHUNK_TOKENS
-    logits = mem.logits_bytes(s.micro_batch * s.seq_len, spec.vocab_size, s.fused_ce, chunk)
+    tokens = s.micro_batch * s.seq_len
+    if s.fused_ce and not liger:  # lmstack's chunked linear CE (models/kernels.py)
+        logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, s.finetuning_type == "full")
+    else:
+        logits = mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce)
     if s.gradient_checkpointing and s.fused_ce:
         # the fused loss runs at the end of the forward, the one-layer recompute during the backward:
         # they never coexist, so only the part of the loss chunk above that layer adds to the peak

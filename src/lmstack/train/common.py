@@ -319,7 +319,9 @@ def _hms(seconds: float) -> str:
 
 def save_outputs(cfg: Config, trainer: Any, train_result: Any) -> None:
     """Final model/adapter + tokenizer, trainer_state.json, *_results.json, plots."""
-    trainer.save_model()
+    from lmstack.train.adapter_save import save_model
+
+    save_model(trainer)  # a LoRA adapter is checked on disk: an empty one is an error
     trainer.save_state()
     metrics = dict(train_result.metrics)
     trainer.log_metrics("train", metrics)

@@ -33,8 +33,20 @@ def test_galore_keeps_master_weights_and_projected_moments(specs, kind) -> None:
     elements = 28 * sum(mem.low_rank_state_elements(r, c, 16) for r, c in shapes.values())
     assert w == pytest.approx(2 * p) and g == pytest.approx(2 * p)
     assert o == pytest.approx(4 * p + 8 * (p - linear) + 4 * elements)
-    _, _, adamw = states(s)
-    assert adamw == pytest.approx(12 * p) and o < 0.45 * adamw  # the point of GaLore: ~39 GB instead of ~91
+    _, _, amp = states(s, fp32_model_weights=True)  # classic AMP: Adam m+v; the fp32 copy is the model
+    assert amp == pytest.approx(8 * p) and o < 0.45 * (amp + 4 * p)  # GaLore's point: ~39 GB instead of ~91
+
+
+def test_optimizer_masters_add_their_fp32_grad_copy_only_above_the_activations(specs) -> None:
+    """master_weights: optimizer converts the bf16 grads to fp32 at the step, after the activations
+    are freed: 7B full at one 2K row needs the copy on top, 0.5B at 64K tokens does not."""
+    s = specs["qwen2.5-7b"]
+    p = s.num_params
+    small = estimate(s, Setup(finetuning_type="full", micro_batch=1, fused_ce=True)).gpu
+    freed = (small.activations + small.logits) * mem.GIB
+    assert small.optimizer * mem.GIB == pytest.approx(12 * p + 4 * p - freed)
+    big = estimate(specs["qwen2.5-0.5b"], Setup(finetuning_type="full", micro_batch=32, fused_ce=True)).gpu
+    assert big.optimizer * mem.GIB == pytest.approx(12 * specs["qwen2.5-0.5b"].num_params)
 
 
 def test_muon_keeps_one_moment_for_hidden_matrices(specs) -> None:

@@ -1,0 +1,87 @@
+"""The saved LoRA adapter is checked, never trusted: an adapter file with no tensors (seen with FSDP1 on
+2 x H200: the Trainer's FULL_STATE_DICT save wrote `adapter_model.safetensors` with 0 tensors, bench
+results 2026-11-29) is an error, not a silent success. Under FSDP the adapter is gathered here instead:
+every rank enters FSDP.summon_full_params, rank 0 reads the full LoRA tensors and lets PEFT write them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from lmstack.config.errors import LmstackError
+
+logger = logging.getLogger(__name__)
+ADAPTER_FILE = "adapter_model.safetensors"
+FSDP_PREFIXES = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
+
+
+def is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "save_pretrained")
+
+
+def clean_name(name: str) -> str:
+    """Parameter name without the wrapper prefixes FSDP / activation checkpointing / compile add."""
+    for prefix in FSDP_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def trainable_tensors(named: Any) -> dict[str, Any]:
+    """{clean name: detached CPU copy} of the trainable (adapter) parameters."""
+    return {clean_name(n): p.detach().to("cpu", copy=True) for n, p in named if p.requires_grad and p.numel()}
+
+
+def check_adapter_file(output_dir: str | Path) -> int:
+    """Number of tensors in the saved adapter; raises when the file is missing, empty or hollow."""
+    from safetensors import safe_open
+
+    path = Path(output_dir) / ADAPTER_FILE
+    if not path.is_file():
+        raise LmstackError(f"saving the adapter failed: {path} was not written")
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+        empty = [
+            k for k in keys if f.get_slice(k).get_shape() in ([], [0]) or 0 in f.get_slice(k).get_shape()
+        ]
+    if not keys or empty:
+        what = "no tensors" if not keys else f"{len(empty)} empty tensors (e.g. {empty[0]})"
+        raise LmstackError(
+            f"saving the adapter failed: {path} holds {what}; the trained weights were not gathered. "
+            "Under FSDP use `deepspeed: examples/deepspeed/ds_z3_config.json` (ZeRO-3 LoRA saves are "
+            "verified) or plain DDP for LoRA, and report this with `lmstack env`"
+        )
+    return len(keys)
+
+
+def save_fsdp_adapter(trainer: Any, output_dir: str) -> None:
+    """All ranks: gather the full parameters once (rank 0 only, on CPU) and let PEFT write the
+    adapter from the trainable tensors."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = trainer.accelerator.unwrap_model(trainer.model)  # the PeftModel (its layers FSDP units)
+    with FSDP.summon_full_params(
+        trainer.model_wrapped, writeback=False, rank0_only=True, offload_to_cpu=True
+    ):
+        if trainer.is_world_process_zero():
+            tensors = trainable_tensors(model.named_parameters())
+            model.save_pretrained(output_dir, state_dict=tensors, safe_serialization=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def save_model(trainer: Any) -> None:
+    """trainer.save_model(), with the FSDP adapter path and a check of what was written."""
+    output_dir = trainer.args.output_dir
+    peft = is_peft(trainer.accelerator.unwrap_model(trainer.model))
+    if peft and getattr(trainer, "is_fsdp_enabled", False):
+        save_fsdp_adapter(trainer, output_dir)
+        if trainer.is_world_process_zero():
+            trainer.processing_class.save_pretrained(output_dir)
+    else:
+        trainer.save_model()
+    if peft and trainer.is_world_process_zero():
+        count = check_adapter_file(output_dir)
+        logger.info("adapter saved: %d tensors in %s", count, Path(output_dir) / ADAPTER_FILE)

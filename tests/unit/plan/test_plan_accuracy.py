@@ -1,0 +1,57 @@
+"""The planner against lmstack's own measured peaks on the H200 (bench/results/plan_accuracy.json:
+28 runs of 2026-11-29 -- speed, stage, QLoRA, 2-GPU DDP/ZeRO/FSDP and bench/plan_accuracy.py's
+held-out set). Each prediction is recomputed from the run's exact config with today's planner, so a
+formula change that breaks agreement with the hardware fails here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+RESULTS = REPO / "bench" / "results" / "plan_accuracy.json"
+
+
+@pytest.fixture(scope="module")
+def recomputed(tmp_path_factory):
+    sys.path.insert(0, str(REPO / "bench"))
+    import plan_check
+    from plan_accuracy import predict
+
+    from lmstack.plan import memory
+
+    doc = json.loads(RESULTS.read_text())
+    root = tmp_path_factory.mktemp("configs")
+    plan_check.config_only_assets(root)
+    saved = {name: getattr(memory, name) for name in plan_check.OLD_CHUNKED_CE}
+    if doc["meta"]["chunked_ce_model"] != "current":  # the loss implementation those runs ran
+        plan_check.use_old_chunked_ce()
+    try:
+        rows = []
+        for run in doc["runs"]:
+            cfg = plan_check.local(run["config"], root, run["config"]["model_name_or_path"])
+            fsdp = ":fsdp:" in run["name"]
+            pred = predict(cfg, plan_check.H200_GIB, gpus=run["num_gpus"], fsdp=fsdp)["allocated_equiv"]
+            rows.append((run["name"], run["measured_gib"], pred))
+    finally:
+        for name, value in saved.items():
+            setattr(memory, name, value)
+    return rows
+
+
+def test_there_is_enough_hardware_evidence(recomputed):
+    assert len(recomputed) >= 25
+    assert any(":2gpu" in name for name, _, _ in recomputed)
+
+
+def test_median_error_within_5_percent_and_worst_within_17(recomputed):
+    errors = sorted(abs(pred - meas) / meas * 100 for _, meas, pred in recomputed)
+    median = (errors[len(errors) // 2] + errors[(len(errors) - 1) // 2]) / 2
+    assert median <= 5.0, errors
+    # measured worst 16.8%: a checkpointed 0.5B full run whose loss term the planner overestimates
+    # (it counts every token as a label; there only the responses are); the rest are within 11%
+    assert errors[-1] <= 17.0, errors
+    assert sum(e > 11.0 for e in errors) <= 1, errors
