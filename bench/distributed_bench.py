@@ -50,6 +50,7 @@ STRATEGIES = {
 WORKLOADS = {  # name: (arch, method, settings)
     "0.5b_full": ("qwen2.5-0.5b", "full", {**FULL, "per_device_train_batch_size": 32}),
     "7b_lora": ("qwen2.5-7b", "lora", {**LORA, "per_device_train_batch_size": 4}),
+    "0.5b_lora": ("qwen2.5-0.5b", "lora", {**LORA, "per_device_train_batch_size": 32}),
 }
 DEFAULT_MATRIX = (
     "0.5b_full:ddp,0.5b_full:z2,0.5b_full:z3,0.5b_full:fsdp,0.5b_full:z3_offload,"

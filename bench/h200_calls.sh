@@ -8,7 +8,8 @@
 #                                    # GPU1: lmstack on the same three, then stage_bench (DPO/SFT LoRA, auto)
 #   bash bench/h200_calls.sh dist    # `lmstack env` all-reduce on both GPUs, then the 2-GPU matrix
 #                                    # (bench/distributed_bench.py --nproc 2)
-#   bash bench/h200_calls.sh rest ITEMS   # what an earlier call left: distributed items on 2 GPUs
+#   bash bench/h200_calls.sh rest ITEMS   # what an earlier call left: distributed items on NPROC (2) GPUs, e.g.
+#        rest 7b_lora:z2,7b_lora:z3,7b_lora:z3_offload   |   NPROC=1 ... rest 0.5b_lora:z3_offload,0.5b_lora:fsdp
 #   bash bench/h200_calls.sh final   # GPU0: LF 0.5B full, GPU1: lmstack 0.5B full (same call: the ratio), then
 #                                    # planner-accuracy runs split over both GPUs (bench/plan_accuracy.py
 #                                    # --set small), then 2-GPU 7B LoRA DDP/FSDP/ZeRO-2 and 0.5B full DDP
@@ -98,7 +99,7 @@ dist | rest)
   else
     ITEMS=${2:?items}
   fi
-  PYTHONPATH=$LM_PATH python3 bench/distributed_bench.py all --assets /tmp/assets --nproc 2 --steps 20 \
+  PYTHONPATH=$LM_PATH python3 bench/distributed_bench.py all --assets /tmp/assets --nproc "${NPROC:-2}" --steps 20 \
     --budget $(($(left) - 15)) --run-id "$RUN_ID" ${ITEMS:+--only $ITEMS} 2>&1 | tee "$OUT/dist.log" | grep -v "^\s*$" | tail -20
   ;;
 esac

@@ -78,6 +78,7 @@ def test_resume_restores_the_fp32_masters(full_cfg, tmp_path):
         ({"pure_bf16": True}, "pure_bf16: false"),
         ({"stage": "rm", "dataset": "dpo_en_demo"}, "stage: sft or pt"),
         ({"use_galore": True}, "the default AdamW optimizer"),
+        ({"optim": "adamw_bnb_8bit"}, "optim: adamw_torch or adamw_torch_fused"),
     ],
 )
 def test_explicit_optimizer_masters_name_what_blocks_them(full_cfg, over, needs):

@@ -41,6 +41,7 @@ def _blockers(cfg: Config) -> list[str]:
             "the default AdamW optimizer (not GaLore/APOLLO/BAdam/Muon)",
         ),
         (t.gradient_accumulation_steps != 1, "gradient_accumulation_steps: 1"),
+        (t.optim not in ("adamw_torch", "adamw_torch_fused"), "optim: adamw_torch or adamw_torch_fused"),
     ]
     return [need for failed, need in checks if failed]
 
