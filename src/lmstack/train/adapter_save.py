@@ -1,7 +1,7 @@
 """The saved LoRA adapter is checked, never trusted: an adapter file with no tensors (seen with FSDP1 on
 2 x H200: the Trainer's FULL_STATE_DICT save wrote `adapter_model.safetensors` with 0 tensors, bench
 results 2026-11-29) is an error, not a silent success. Under FSDP the adapter is gathered here instead:
-every rank enters FSDP.summon_full_params, rank 0 reads the full LoRA tensors and lets PEFT write them.
+every rank enters FSDP.summon_full_params, rank 0 reads the full trainable tensors and writes them.
 """
 
 from __future__ import annotations
@@ -55,19 +55,44 @@ def check_adapter_file(output_dir: str | Path) -> int:
     return len(keys)
 
 
+def write_adapter(model: Any, tensors: dict[str, Any], output_dir: str) -> int:
+    """adapter_model.safetensors + adapter_config.json from {model key: tensor} of the active adapter.
+
+    PEFT's own save selects the adapter entries by walking model.named_modules(); under FSDP1 those names
+    carry `_fsdp_wrapped_module.` and nothing matches -- the empty adapter of 2026-11-29 (reproduced
+    with FSDP on CPU, tests/integration/test_fsdp_adapter.py). Here the keys are the trainable
+    parameters themselves, renamed the way PEFT renames them on save (adapter name removed)."""
+    import copy
+
+    from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
+    from safetensors.torch import save_file
+
+    adapter = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapter[0]
+    config = model.peft_config[adapter]
+    tuner = PEFT_TYPE_TO_TUNER_MAPPING.get(config.peft_type)
+    rename = getattr(tuner, "_remove_adapter_name_from_key", None) or (lambda k, a: k.replace(f".{a}", ""))
+    state = {rename(key, adapter): t.contiguous() for key, t in tensors.items()}
+    Path(output_dir).mkdir(parents=True, exist_ok=True)
+    save_file(state, str(Path(output_dir) / ADAPTER_FILE), metadata={"format": "pt"})
+    saved = copy.deepcopy(config)
+    saved.inference_mode = True
+    saved.save_pretrained(output_dir)
+    return len(state)
+
+
 def save_fsdp_adapter(trainer: Any, output_dir: str) -> None:
-    """All ranks: gather the full parameters once (rank 0 only, on CPU) and let PEFT write the
-    adapter from the trainable tensors."""
+    """All ranks: gather the full parameters once (rank 0 only) and write the adapter from the
+    trainable tensors."""
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     model = trainer.accelerator.unwrap_model(trainer.model)  # the PeftModel (its layers FSDP units)
+    offload = next(trainer.model_wrapped.parameters()).device.type != "cpu"
     with FSDP.summon_full_params(
-        trainer.model_wrapped, writeback=False, rank0_only=True, offload_to_cpu=True
+        trainer.model_wrapped, writeback=False, rank0_only=True, offload_to_cpu=offload
     ):
         if trainer.is_world_process_zero():
-            tensors = trainable_tensors(model.named_parameters())
-            model.save_pretrained(output_dir, state_dict=tensors, safe_serialization=True)
+            write_adapter(model, trainable_tensors(model.named_parameters()), output_dir)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 

@@ -1,0 +1,58 @@
+"""Test-only worker for test_fsdp_adapter.py: a PEFT LoRA model sharded by FSDP1 over 2 gloo ranks on
+CPU; lmstack gathers and writes the adapter; rank 0 reloads it and compares logits (prints RESULT)."""
+
+import os
+import sys
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.utils.other import fsdp_auto_wrap_policy
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+from transformers import AutoModelForCausalLM
+
+from lmstack.train.adapter_save import check_adapter_file, save_fsdp_adapter
+
+BASE, OUT = sys.argv[1], sys.argv[2]
+IDS = torch.tensor([[5, 17, 99, 300, 2, 41, 7, 8]])
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)  # the same adapter init on both ranks
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(BASE), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    )
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # as if trained: lora_B starts at zero
+            torch.nn.init.normal_(param)
+    with torch.no_grad():
+        expected = model(IDS).logits
+    wrapped = FSDP(
+        model,
+        device_id=torch.device("cpu"),
+        use_orig_params=False,
+        auto_wrap_policy=fsdp_auto_wrap_policy(model),
+    )
+    trainer = SimpleNamespace(  # the Trainer attributes save_fsdp_adapter reads
+        model=wrapped,
+        model_wrapped=wrapped,
+        accelerator=SimpleNamespace(unwrap_model=lambda m: model),
+        is_world_process_zero=lambda: dist.get_rank() == 0,
+    )
+    save_fsdp_adapter(trainer, OUT)
+    if dist.get_rank() == 0:
+        count = check_adapter_file(OUT)
+        reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), OUT).eval()
+        with torch.no_grad():
+            got = reloaded(IDS).logits
+        print("RESULT", count, torch.allclose(got, expected, atol=1e-5), flush=True)
+    dist.barrier()  # both ranks leave together
+    # a rank was killed by SIGABRT in about 1 run of 10 before this exit path (2 busy cores; where
+    # exactly was not captured); the work is done and checked, so leave without gloo's teardown
+    sys.stdout.flush()
+    os._exit(0)
+
+
+main()
