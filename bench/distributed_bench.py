@@ -29,13 +29,13 @@ import argparse
 import datetime as dt
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchproc import run_killable  # noqa: E402
 from lmstack_bench import COMMON, FULL, LM_BEST, LORA  # noqa: E402  (the speed benchmark's settings)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,15 +203,7 @@ def run_one(workload: str, strategy: str, args: argparse.Namespace, work: Path, 
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     log = work / f"{slug}.log"
     start = time.monotonic()
-    with log.open("w") as fh:
-        proc = subprocess.Popen(command(strategy, args.nproc, cfg_path, prefix), env=env, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = 124
+    rc = run_killable(command(strategy, args.nproc, cfg_path, prefix), env, timeout, log)
     arch, method, settings = WORKLOADS[workload]
     row = {"system": "lmstack", "name": name, "model": arch, "method": method, "strategy": strategy,
            "num_gpus": args.nproc, "rc": rc, "wall_s": round(time.monotonic() - start, 1),

@@ -18,13 +18,15 @@ import datetime as dt
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchproc import result_from_log, run_killable  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 10
@@ -319,22 +321,8 @@ def execute(run: Run, cfg: dict, timeout: float, log_path: Path) -> tuple[int, d
         cmd = [sys.executable, str(REPO / "bench/lf/lf_run.py"), json.dumps(cfg), run.name]
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "lmstack-one", run.name, json.dumps(cfg)]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            cmd, env=_env(run.system), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:  # end the run's own process group (data-loader workers too)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = 124
-            log.write(f"\nTIMEOUT after {timeout:.0f}s\n")
-    result = None
-    for line in log_path.read_text(errors="replace").splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT ") :])
-    return rc, result
+    rc = run_killable(cmd, _env(run.system), timeout, log_path)
+    return rc, result_from_log(log_path)
 
 
 def run_all(args: argparse.Namespace) -> None:

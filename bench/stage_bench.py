@@ -22,7 +22,6 @@ import logging
 import os
 import random
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -30,6 +29,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchproc import result_from_log, run_killable  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 3  # optimizer steps left out of the step-time statistics
@@ -245,21 +247,8 @@ def free_port() -> int:
 def execute(spec: dict, timeout: float, log_path: Path) -> tuple[int, dict | None]:
     """One child process in its own session (killed as a group on timeout); (rc, RESULT or None)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, env=child_env(), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            rc = 124
-            log.write(f"\nTIMEOUT after {timeout:.0f}s\n")
-    result = None
-    for line in log_path.read_text(errors="replace").splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT ") :])
-    return rc, result
+    rc = run_killable(cmd, child_env(), timeout, log_path)
+    return rc, result_from_log(log_path)
 
 
 def run_config(run: Run, args: argparse.Namespace, cuda: bool, work: Path) -> dict:
