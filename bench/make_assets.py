@@ -110,20 +110,27 @@ def train_tokenizer(records: list[dict]):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
-def build_model(root: str, arch: str, tokenizer) -> None:
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+def qwen_config(arch: str):
+    """The real Qwen2.5 config of `arch` (shapes, RoPE, norm eps, bf16)."""
+    from transformers import Qwen2Config
 
-    out = f"{root}/{arch}"
-    if os.path.exists(f"{out}/config.json"):
-        return
-    config = Qwen2Config(
+    return Qwen2Config(
         max_position_embeddings=32768,
         rope_theta=1000000.0,
         rms_norm_eps=1e-6,
         torch_dtype="bfloat16",
         **CONFIGS[arch],
     )
+
+
+def build_model(root: str, arch: str, tokenizer) -> None:
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    out = f"{root}/{arch}"
+    if os.path.exists(f"{out}/config.json"):
+        return
+    config = qwen_config(arch)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         torch.manual_seed(0)
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)

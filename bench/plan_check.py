@@ -25,18 +25,15 @@ sys.path.insert(0, str(HERE))
 import lmstack_bench  # noqa: E402
 import qlora_bench  # noqa: E402
 import stage_bench  # noqa: E402
-from make_assets import CONFIGS  # noqa: E402
+from make_assets import CONFIGS, qwen_config  # noqa: E402
 from plan_accuracy import predict  # noqa: E402
 
 H200_GIB = 139.8
 
 
 def config_only_assets(root: Path) -> None:
-    from transformers import Qwen2Config
-
-    for arch, c in CONFIGS.items():
-        Qwen2Config(max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6, torch_dtype="bfloat16",
-                    **c).save_pretrained(root / arch)  # fmt: skip
+    for arch in CONFIGS:
+        qwen_config(arch).save_pretrained(root / arch)
     (root / "data").mkdir(exist_ok=True)
     (root / "data" / "dataset_info.json").write_text(json.dumps({"synth": {"file_name": "synth.json"}}))
     (root / "data" / "synth.json").write_text(json.dumps([{"instruction": "a", "input": "", "output": "b"}]))

@@ -212,6 +212,15 @@ def convert_sharegpt(record: dict, attr: DatasetAttr) -> dict:
     if not messages:
         raise RecordError(col, "empty conversation", "only a system message")
     check_alternation(messages, col, offset, {v: k for k, v in roles.items()})
+    last = f"{col}[{len(raw) - 1}].{attr.tags['content_tag']}"
+    return _conversation_sample(record, attr, col, messages, system, last)
+
+
+def _conversation_sample(
+    record: dict, attr: DatasetAttr, col: str, messages: list[dict], system: Any, last: str
+) -> dict:
+    """The canonical sample of a conversation record (sharegpt or openai) in column `col`; `last` names
+    the field of the final message, where a bad response is reported."""
     prompt, response = _split_conversation(messages, col, attr, record)
     return {
         "prompt": prompt,
@@ -219,7 +228,7 @@ def convert_sharegpt(record: dict, attr: DatasetAttr) -> dict:
         "system": system,
         "tools": _tools(record, attr.column("tools")),
         "kto_tag": _kto_tag(record, attr.column("kto_tag")),
-        "response_field": None if attr.ranking else f"{col}[{len(raw) - 1}].{attr.tags['content_tag']}",
+        "response_field": None if attr.ranking else last,
     }
 
 
@@ -297,15 +306,7 @@ def convert_openai(record: dict, attr: DatasetAttr) -> dict:
     if not messages:
         raise RecordError(col, "empty conversation", "only a system message")
     _check_openai_order(messages, raw, col)
-    prompt, response = _split_conversation(messages, col, attr, record)
-    return {
-        "prompt": prompt,
-        "response": response,
-        "system": system,
-        "tools": _tools(record, attr.column("tools")),
-        "kto_tag": _kto_tag(record, attr.column("kto_tag")),
-        "response_field": None if attr.ranking else f"{col}[{len(raw) - 1}].content",
-    }
+    return _conversation_sample(record, attr, col, messages, system, f"{col}[{len(raw) - 1}].content")
 
 
 def _check_openai_order(messages: list[dict], raw: list, col: str) -> None:

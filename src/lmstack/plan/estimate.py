@@ -200,6 +200,11 @@ def cpu_bytes_per_node(st: _States, s: Setup) -> float:
     return per_node
 
 
+def _liger(s: Setup) -> bool:
+    """Liger's kernel set is on (an unset `liger` follows fused_ce, which Liger's fused CE implies)."""
+    return s.fused_ce if s.liger is None else s.liger
+
+
 def activation_factor(s: Setup) -> float:
     """Measured multipliers of the bf16 formula (memory.py): stack, precision scheme, adapters."""
     factor = mem.BF16_ACTIVATION_CALIBRATION
@@ -207,8 +212,7 @@ def activation_factor(s: Setup) -> float:
         factor *= mem.PEFT_LORA_ACTIVATION_FACTOR
     if s.fp32_model_weights and s.finetuning_type != "lora":
         factor *= mem.FP32_RESIDUAL_ACTIVATION_FACTOR
-    liger = s.fused_ce if s.liger is None else s.liger
-    if not liger:
+    if not _liger(s):
         factor *= mem.STOCK_HF_ACTIVATION_FACTOR
     return factor
 
@@ -251,9 +255,8 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     validate_setup(s)
     st = model_states(spec, s)
     acts = activations(spec, s)
-    liger = s.fused_ce if s.liger is None else s.liger
     tokens = s.micro_batch * s.seq_len
-    if s.fused_ce and not liger:  # lmstack's chunked linear CE (models/kernels.py)
+    if s.fused_ce and not _liger(s):  # lmstack's chunked linear CE (models/kernels.py)
         logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, s.finetuning_type == "full")
     else:
         logits = mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce)

@@ -317,7 +317,16 @@ def _hms(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def save_outputs(cfg: Config, trainer: Any, train_result: Any) -> None:
+def train_and_save(cfg: Config, trainer: Any, resume: str | None, plot_keys: tuple[str, ...] = ()) -> dict:
+    """Every Trainer-based stage's last step: train (resuming when asked), write the outputs (plots of
+    the loss and of the stage's own `plot_keys` with `plot_loss`); returns the train metrics."""
+    result = trainer.train(resume_from_checkpoint=resume)
+    save_outputs(cfg, trainer, result, plot_keys)
+    logger.info("outputs written to %s", cfg.training.output_dir)
+    return dict(result.metrics)
+
+
+def save_outputs(cfg: Config, trainer: Any, train_result: Any, plot_keys: tuple[str, ...] = ()) -> None:
     """Final model/adapter + tokenizer, trainer_state.json, *_results.json, plots."""
     from lmstack.train.adapter_save import save_model
 
@@ -341,5 +350,5 @@ def save_outputs(cfg: Config, trainer: Any, train_result: Any) -> None:
         if cfg.finetuning.plot_loss:
             from lmstack.train.plots import plot_metrics
 
-            for path in plot_metrics(cfg.training.output_dir, ["loss", "eval_loss"]):
+            for path in plot_metrics(cfg.training.output_dir, ["loss", "eval_loss", *plot_keys]):
                 logger.info("wrote %s", path)

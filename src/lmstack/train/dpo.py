@@ -41,11 +41,7 @@ def run(cfg: Config) -> dict:
     ref_model = rlhf.reference_model(cfg, tokenizer, device, needs_reference=loss not in REFERENCE_FREE)
 
     trainer = build_trainer(cfg, device, model, ref_model, tokenizer, train_ds, eval_ds)
-    result = trainer.train(resume_from_checkpoint=resume)
-    common.save_outputs(cfg, trainer, result)
-    rlhf.plot(cfg, ["rewards/accuracies", "rewards/margins"])
-    logger.info("outputs written to %s", cfg.training.output_dir)
-    return dict(result.metrics)
+    return common.train_and_save(cfg, trainer, resume, ("rewards/accuracies", "rewards/margins"))
 
 
 def build_trainer(

@@ -13,7 +13,6 @@ tokenizer -> template -> data -> model -> adapter -> rewards -> trainer -> train
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,8 +23,6 @@ from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import load_model
 from lmstack.train import common, rlhf
-
-logger = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> dict:
@@ -72,11 +69,7 @@ def run(cfg: Config) -> dict:
         processing_class=tokenizer,
         callbacks=common.make_callbacks(cfg),
     )
-    result = trainer.train(resume_from_checkpoint=resume)
-    common.save_outputs(cfg, trainer, result)
-    rlhf.plot(cfg, ["reward"])
-    logger.info("outputs written to %s", cfg.training.output_dir)
-    return dict(result.metrics)
+    return common.train_and_save(cfg, trainer, resume, ("reward",))
 
 
 class _TemplatePrompts:

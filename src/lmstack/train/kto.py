@@ -63,11 +63,9 @@ def run(cfg: Config) -> dict:
         callbacks=common.make_callbacks(cfg),
     )
     rlhf.drop_trl_ref_adapter(cfg, trainer.model)
-    result = trainer.train(resume_from_checkpoint=resume)
-    common.save_outputs(cfg, trainer, result)
-    rlhf.plot(cfg, ["rewards/chosen", "rewards/rejected", "rewards/margins"])
-    logger.info("outputs written to %s", cfg.training.output_dir)
-    return dict(result.metrics)
+    return common.train_and_save(
+        cfg, trainer, resume, ("rewards/chosen", "rewards/rejected", "rewards/margins")
+    )
 
 
 def columns(row: dict) -> dict:

@@ -47,10 +47,7 @@ def run(cfg: Config) -> dict:
     model = setup_finetuning(cfg, model)
 
     trainer = common.build_trainer(cfg, model, tokenizer, train, evals, collator, args)
-    result = trainer.train(resume_from_checkpoint=resume)
-    common.save_outputs(cfg, trainer, result)
-    logger.info("outputs written to %s", cfg.training.output_dir)
-    return dict(result.metrics)
+    return common.train_and_save(cfg, trainer, resume)
 
 
 def encode_config(cfg: Config) -> Config:

@@ -47,11 +47,7 @@ def run(cfg: Config) -> dict:
         processing_class=tokenizer,
         callbacks=common.make_callbacks(cfg),
     )
-    result = trainer.train(resume_from_checkpoint=resume)
-    common.save_outputs(cfg, trainer, result)
-    rlhf.plot(cfg, ["accuracy", "margin"])
-    logger.info("outputs written to %s", cfg.training.output_dir)
-    return dict(result.metrics)
+    return common.train_and_save(cfg, trainer, resume, ("accuracy", "margin"))
 
 
 def rows(row: dict) -> dict:

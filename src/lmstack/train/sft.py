@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 from lmstack.config.schema import Config
 from lmstack.data.packing import pack_dataset, packing_enabled, row_capacity
 from lmstack.data.pipeline import build_datasets
@@ -12,8 +10,6 @@ from lmstack.models.kernels import apply_training_kernels
 from lmstack.models.load import load_model
 from lmstack.train import common
 from lmstack.train.collators import PackedCollator
-
-logger = logging.getLogger(__name__)
 
 
 def run(cfg: Config) -> dict:
@@ -35,7 +31,4 @@ def run(cfg: Config) -> dict:
     model = setup_finetuning(cfg, model)
 
     trainer = common.build_trainer(cfg, model, tokenizer, train_set, eval_set, collator, args)
-    result = trainer.train(resume_from_checkpoint=resume)
-    common.save_outputs(cfg, trainer, result)
-    logger.info("outputs written to %s", cfg.training.output_dir)
-    return dict(result.metrics)
+    return common.train_and_save(cfg, trainer, resume)
