@@ -10,6 +10,10 @@
 #                                    # (bench/distributed_bench.py --nproc 2)
 #   bash bench/h200_calls.sh rest ITEMS   # what an earlier call left: distributed items on NPROC (2) GPUs, e.g.
 #        rest 7b_lora:z2,7b_lora:z3,7b_lora:z3_offload   |   NPROC=1 ... rest 0.5b_lora:z3_offload,0.5b_lora:fsdp
+#   bash bench/h200_calls.sh single  # 0.5B only: 1-GPU DDP baseline then 2-GPU DDP/FSDP (scaling, one call);
+#                                    # both GPUs as two 1-GPU streams: ZeRO-2/3/3+offload and FSDP x LoRA/full;
+#                                    # the FSDP + LoRA checkpoint/resume GPU test on 2 ranks
+#   bash bench/h200_calls.sh seven   # 7B LoRA on 2 GPUs: ZeRO-3, FSDP, ZeRO-2, ZeRO-3+offload (STEPS, 14)
 #   bash bench/h200_calls.sh final   # GPU0: LF 0.5B full, GPU1: lmstack 0.5B full (same call: the ratio), then
 #                                    # planner-accuracy runs split over both GPUs (bench/plan_accuracy.py
 #                                    # --set small), then 2-GPU 7B LoRA DDP/FSDP/ZeRO-2 and 0.5B full DDP
@@ -39,12 +43,18 @@ LM_PATH=/tmp/site_lm:$PWD/src
 if [ "$PHASE" = speed ] || [ "$PHASE" = final ] && [ ! -d /tmp/site/llamafactory ]; then install /tmp/site .whl/lf/*.whl .whl/liger/*.whl; fi
 echo "wheels ready after $(($(date +%s) - T0))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
-ARCHS=qwen2.5-0.5b,qwen2.5-7b
-[ "$PHASE" = final ] && ARCHS=qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b
-if [ ! -f /tmp/assets/qwen2.5-7b/config.json ] || [ ! -f /tmp/assets/qwen2.5-0.5b/config.json ] ||
-  { [ "$PHASE" = final ] && [ ! -f /tmp/assets/qwen2.5-1.5b/config.json ]; }; then
-  CUDA_VISIBLE_DEVICES=0 python3 bench/make_assets.py /tmp/assets $ARCHS 2>&1 | grep -v Writing | tail -4
-fi
+case "$PHASE" in
+final) ARCHS=qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b ;;
+single) ARCHS=qwen2.5-0.5b ;;
+seven) ARCHS=qwen2.5-7b ;;
+*) ARCHS=qwen2.5-0.5b,qwen2.5-7b ;;
+esac
+for arch in ${ARCHS//,/ }; do
+  if [ ! -f /tmp/assets/$arch/config.json ]; then
+    CUDA_VISIBLE_DEVICES=0 python3 bench/make_assets.py /tmp/assets $ARCHS 2>&1 | grep -v Writing | tail -4
+    break
+  fi
+done
 echo "assets ready after $(($(date +%s) - T0))s"
 
 case "$PHASE" in
@@ -88,6 +98,33 @@ final)
     --budget $(($(left) - 15)) --run-id "$RUN_ID" --only 7b_lora:ddp,0.5b_full:ddp,7b_lora:fsdp,7b_lora:z2 2>&1 |
     tee /tmp/dist.log | grep -v "^\s*$" | tail -8
   tail -3 /tmp/stream_gpu0.log /tmp/stream_gpu1.log
+  ;;
+single)
+  dist() {  # $1 = GPUs per run, $2 = items, rest = extra arguments
+    local n=$1 items=$2
+    shift 2
+    PYTHONPATH=$LM_PATH python3 bench/distributed_bench.py all --assets /tmp/assets --nproc "$n" --steps 20 \
+      --run-id "$RUN_ID" --only "$items" "$@"
+  }
+  # scaling, 1 -> 2 GPUs, same harness and call; nothing else runs meanwhile
+  CUDA_VISIBLE_DEVICES=0 dist 1 0.5b_full:ddp --budget 120 >/tmp/dist.log 2>&1
+  dist 2 0.5b_full:ddp,0.5b_full:fsdp --budget 200 >>/tmp/dist.log 2>&1
+  B=$(($(left) - 100))
+  CUDA_VISIBLE_DEVICES=0 dist 1 0.5b_lora:z3_offload,0.5b_full:z2,0.5b_lora:z2,0.5b_full:fsdp --budget $B \
+    --work /tmp/dist_bench/gpu0 >/tmp/stream_gpu0.log 2>&1 &
+  CUDA_VISIBLE_DEVICES=1 dist 1 0.5b_lora:fsdp,0.5b_full:z3_offload,0.5b_lora:z3,0.5b_full:z3 --budget $B \
+    --work /tmp/dist_bench/gpu1 >/tmp/stream_gpu1.log 2>&1 &
+  wait
+  # FSDP + LoRA on 2 ranks through the Trainer: checkpoint adapter non-empty, resume continues the run
+  LMSTACK_GPU_NPROC=2 PYTHONPATH=$LM_PATH timeout $(($(left) - 10)) python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_distributed_gpu.py -k fsdp_lora_checkpoint 2>&1 | tee "$OUT/fsdp_resume_test.txt" | tail -3
+  grep -h "status\|gpu " /tmp/dist.log /tmp/stream_gpu*.log | grep -v "^{" | tail -14
+  cp /tmp/dist_bench/gpu*/*.log /tmp/dist_bench/ 2>/dev/null
+  ;;
+seven)
+  PYTHONPATH=$LM_PATH python3 bench/distributed_bench.py all --assets /tmp/assets --nproc 2 --steps "${STEPS:-14}" \
+    --budget $(($(left) - 15)) --run-id "$RUN_ID" --only 7b_lora:z3,7b_lora:fsdp,7b_lora:z2,7b_lora:z3_offload 2>&1 |
+    tee /tmp/dist.log | grep -v "^\s*$" | tail -8
   ;;
 dist | rest)
   if [ "$PHASE" = dist ]; then

@@ -27,3 +27,6 @@ def test_fsdp_lora_adapter_is_gathered_and_reloads(tiny_model, tmp_path):
     assert proc.returncode == 0, proc.stderr[:3000]
     result = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     assert result == "RESULT 8 True"  # 2 layers x (q, v) x (A, B) tensors, reload matches
+    lines = proc.stdout.splitlines()
+    assert "RESUMED 8 True" in lines  # the overwritten shards got the saved adapter back
+    assert "REFUSED True" in lines  # a file missing a tensor is refused, naming the count

@@ -25,6 +25,13 @@ from lmstack.config.errors import ConfigError, LmstackError
 from lmstack.config.schema import Config
 from lmstack.reliability import NonFiniteLoss, TrainingStopped
 from lmstack.reliability.checkpoint import commit_checkpoint, rotate_checkpoints, staging_root
+from lmstack.train.adapter_save import (
+    ADAPTER_FILE,
+    check_adapter_file,
+    is_fsdp_peft,
+    load_fsdp_adapter,
+    save_fsdp_adapter,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +258,10 @@ class ReliableMixin:
             super()._save_checkpoint(model, trial)
         finally:
             self._lm_staging = None
+        if is_fsdp_peft(self):  # the Trainer's FSDP adapter save selects nothing (see adapter_save)
+            save_fsdp_adapter(self, str(root / f"checkpoint-{step}"))
+            if self.args.should_save:
+                check_adapter_file(root / f"checkpoint-{step}")
         self.accelerator.wait_for_everyone()  # every rank's files (rng_state_<rank>.pth, shards) are written
         if self.args.should_save:
             meta = {
@@ -267,6 +278,21 @@ class ReliableMixin:
             best = self.state.best_model_checkpoint
             rotate_checkpoints(out, self.args.save_total_limit, keep=(best,) if best else ())
         self.accelerator.wait_for_everyone()
+
+    # ---- FSDP + LoRA: the adapter comes back from the verified adapter file ----------------------
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        if is_fsdp_peft(self) and (Path(resume_from_checkpoint) / ADAPTER_FILE).is_file():
+            count = load_fsdp_adapter(self, resume_from_checkpoint)
+            logger.info("resume: %d adapter tensors loaded from %s", count, resume_from_checkpoint)
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_best_model(self) -> None:
+        best = self.state.best_model_checkpoint
+        if is_fsdp_peft(self) and best and (Path(best) / ADAPTER_FILE).is_file():
+            logger.info("best model: %d adapter tensors loaded from %s", load_fsdp_adapter(self, best), best)
+            return
+        super()._load_best_model()
 
     # ---- loads: a file that is not plain tensors is refused, never run --------------------------
     def _lm_safe_load(self, what: str, checkpoint: str | None, load: Any) -> None:

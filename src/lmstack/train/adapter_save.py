@@ -2,6 +2,9 @@
 2 x H200: the Trainer's FULL_STATE_DICT save wrote `adapter_model.safetensors` with 0 tensors, bench
 results 2026-11-29) is an error, not a silent success. Under FSDP the adapter is gathered here instead:
 every rank enters FSDP.summon_full_params, rank 0 reads the full trainable tensors and writes them.
+The same holds for checkpoint-N folders (written by `reliable` trainers after the Trainer's own save),
+and a resume under FSDP + LoRA loads the adapter back from that verified file (`load_fsdp_adapter`)
+rather than from the Trainer's adapter-only FSDP state dict, which PEFT filled by the same module names.
 """
 
 from __future__ import annotations
@@ -26,6 +29,16 @@ def clean_name(name: str) -> str:
     for prefix in FSDP_PREFIXES:
         name = name.replace(prefix, "")
     return name
+
+
+def adapter_renamer(model: Any) -> tuple[str, Any]:
+    """(active adapter name, rename(key, adapter)): PEFT's parameter name -> its key in the saved file."""
+    from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
+
+    adapter = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapter[0]
+    tuner = PEFT_TYPE_TO_TUNER_MAPPING.get(model.peft_config[adapter].peft_type)
+    rename = getattr(tuner, "_remove_adapter_name_from_key", None) or (lambda k, a: k.replace(f".{a}", ""))
+    return adapter, rename
 
 
 def trainable_tensors(named: Any) -> dict[str, Any]:
@@ -64,13 +77,10 @@ def write_adapter(model: Any, tensors: dict[str, Any], output_dir: str) -> int:
     parameters themselves, renamed the way PEFT renames them on save (adapter name removed)."""
     import copy
 
-    from peft.mapping import PEFT_TYPE_TO_TUNER_MAPPING
     from safetensors.torch import save_file
 
-    adapter = model.active_adapter if isinstance(model.active_adapter, str) else model.active_adapter[0]
+    adapter, rename = adapter_renamer(model)
     config = model.peft_config[adapter]
-    tuner = PEFT_TYPE_TO_TUNER_MAPPING.get(config.peft_type)
-    rename = getattr(tuner, "_remove_adapter_name_from_key", None) or (lambda k, a: k.replace(f".{a}", ""))
     state = {rename(key, adapter): t.contiguous() for key, t in tensors.items()}
     Path(output_dir).mkdir(parents=True, exist_ok=True)
     save_file(state, str(Path(output_dir) / ADAPTER_FILE), metadata={"format": "pt"})
@@ -97,11 +107,50 @@ def save_fsdp_adapter(trainer: Any, output_dir: str) -> None:
         dist.barrier()
 
 
+def load_fsdp_adapter(trainer: Any, folder: str | Path) -> int:
+    """All ranks: copy folder/adapter_model.safetensors into the FSDP-sharded model's trainable tensors
+    (full parameters summoned with writeback, so every shard gets its part). A file that does not hold
+    exactly the model's adapter tensors is an error naming the first mismatch."""
+    import torch
+    from safetensors.torch import load_file
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    path = Path(folder) / ADAPTER_FILE
+    saved = load_file(str(path))
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    adapter, rename = adapter_renamer(model)
+    with FSDP.summon_full_params(trainer.model_wrapped, writeback=True):
+        params = {rename(clean_name(n), adapter): p for n, p in model.named_parameters() if p.requires_grad}
+        missing = sorted(set(params) - set(saved))
+        extra = sorted(set(saved) - set(params))
+        wrong = [k for k in params if k in saved and saved[k].shape != params[k].shape]
+        if missing or extra or wrong:
+            what = (
+                f"{len(missing)} adapter tensors missing (e.g. {missing[0]})" if missing
+                else f"{len(extra)} tensors the model has no parameter for (e.g. {extra[0]})" if extra
+                else f"{wrong[0]} has shape {tuple(saved[wrong[0]].shape)}, the model {tuple(params[wrong[0]].shape)}"
+            )  # fmt: skip
+            raise LmstackError(
+                f"resume_from_checkpoint: {path} does not match this model's adapter: {what}. Resume with "
+                "the LoRA settings (lora_rank, lora_target, ...) the checkpoint was trained with"
+            )
+        with torch.no_grad():
+            for key, param in params.items():
+                param.copy_(saved[key].to(device=param.device, dtype=param.dtype))
+    return len(params)
+
+
+def is_fsdp_peft(trainer: Any) -> bool:
+    return bool(getattr(trainer, "is_fsdp_enabled", False)) and is_peft(
+        trainer.accelerator.unwrap_model(trainer.model)
+    )
+
+
 def save_model(trainer: Any) -> None:
     """trainer.save_model(), with the FSDP adapter path and a check of what was written."""
     output_dir = trainer.args.output_dir
     peft = is_peft(trainer.accelerator.unwrap_model(trainer.model))
-    if peft and getattr(trainer, "is_fsdp_enabled", False):
+    if is_fsdp_peft(trainer):
         save_fsdp_adapter(trainer, output_dir)
         if trainer.is_world_process_zero():
             trainer.processing_class.save_pretrained(output_dir)
