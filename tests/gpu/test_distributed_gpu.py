@@ -99,7 +99,8 @@ def test_fsdp_sft_through_accelerate_launch(base_cfg, tmp_path, config, method):
     assert sum(curve[-5:]) / 5 < sum(curve[:5]) / 5, curve
 
 
-def test_fsdp_lora_checkpoint_adapter_and_resume(base_cfg, tmp_path):
+@pytest.mark.parametrize("config", ["fsdp_config.yaml", "fsdp2_config.yaml"])
+def test_fsdp_lora_checkpoint_adapter_and_resume(base_cfg, tmp_path, config):
     """FSDP + LoRA through accelerate launch: checkpoint-10's adapter holds every trained tensor (the
     Trainer's own FSDP save wrote none on 2 x H200), and a run resumed from it continues the loss curve
     of the uninterrupted run and ends with the same adapter."""
@@ -108,7 +109,7 @@ def test_fsdp_lora_checkpoint_adapter_and_resume(base_cfg, tmp_path):
 
     nproc = os.environ.get("LMSTACK_GPU_NPROC", "1")
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-              str(REPO / "examples/accelerate/fsdp_config.yaml"), "--num_processes", nproc, "-m", "lmstack.cli", "train"]  # fmt: skip
+              str(REPO / "examples/accelerate" / config), "--num_processes", nproc, "-m", "lmstack.cli", "train"]  # fmt: skip
     whole = _cfg(base_cfg, tmp_path, "whole", save_strategy="steps", save_steps=10, **METHODS["lora"])
     _run([*launch, str(whole)], _env(tmp_path))
     checkpoint = tmp_path / "whole" / "checkpoint-10"

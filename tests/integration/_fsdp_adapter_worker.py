@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from lmstack.config.errors import LmstackError
 from lmstack.train.adapter_save import check_adapter_file, load_fsdp_adapter, save_fsdp_adapter
 
-BASE, OUT = sys.argv[1], sys.argv[2]
+BASE, OUT, MODE = sys.argv[1], sys.argv[2], sys.argv[3]  # MODE: fsdp1 | fsdp2
 IDS = torch.tensor([[5, 17, 99, 300, 2, 41, 7, 8]])
 
 
@@ -32,12 +32,26 @@ def main() -> None:
             torch.nn.init.normal_(param)
     with torch.no_grad():
         expected = model(IDS).logits
-    wrapped = FSDP(
-        model,
-        device_id=torch.device("cpu"),
-        use_orig_params=False,
-        auto_wrap_policy=fsdp_auto_wrap_policy(model),
-    )
+    if MODE == "fsdp1":
+        wrapped = FSDP(
+            model,
+            device_id=torch.device("cpu"),
+            use_orig_params=False,
+            auto_wrap_policy=fsdp_auto_wrap_policy(model),
+        )
+    else:  # FSDP2 as accelerate applies it: each decoder layer, then the root; parameters become DTensors
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model.base_model.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)
+    if dist.get_rank() == 0:  # the sharding is real: FSDP1 flat parameters / FSDP2 DTensor shards
+        from torch.distributed.tensor import DTensor
+
+        dtensors = [p for p in model.parameters() if isinstance(p, DTensor)]
+        print("SHARDED", isinstance(wrapped, FSDP) if MODE == "fsdp1" else len(dtensors) > 0, flush=True)
     trainer = SimpleNamespace(  # the Trainer attributes save_fsdp_adapter reads
         model=wrapped,
         model_wrapped=wrapped,

@@ -11,20 +11,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).resolve().parent
 
 
-def test_fsdp_lora_adapter_is_gathered_and_reloads(tiny_model, tmp_path):
+@pytest.mark.parametrize("mode", ["fsdp1", "fsdp2"])
+def test_fsdp_lora_adapter_is_gathered_and_reloads(tiny_model, tmp_path, mode):
     from lmstack.launch.torchrun import free_port
 
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(HERE / "_fsdp_adapter_worker.py"), str(tiny_model), str(tmp_path / "adapter")]  # fmt: skip
+           str(HERE / "_fsdp_adapter_worker.py"), str(tiny_model), str(tmp_path / "adapter"), mode]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     (tmp_path / "stderr.txt").write_text(proc.stderr)
     (tmp_path / "stdout.txt").write_text(proc.stdout)
     assert proc.returncode == 0, proc.stderr[:3000]
+    assert "SHARDED True" in proc.stdout.splitlines()
     result = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     assert result == "RESULT 8 True"  # 2 layers x (q, v) x (A, B) tensors, reload matches
     lines = proc.stdout.splitlines()

@@ -90,27 +90,61 @@ def write_adapter(model: Any, tensors: dict[str, Any], output_dir: str) -> int:
     return len(state)
 
 
-def save_fsdp_adapter(trainer: Any, output_dir: str) -> None:
-    """All ranks: gather the full parameters once (rank 0 only) and write the adapter from the
-    trainable tensors."""
+def _is_dtensor(param: Any) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without DTensor
+        return False
+    return isinstance(param, DTensor)
+
+
+def _fsdp2(model: Any) -> bool:
+    """FSDP2 (fully_shard) keeps parameters as DTensors and wraps no module; FSDP1 flattens them."""
+    return any(_is_dtensor(p) for p in model.parameters())
+
+
+def _barrier() -> None:
     import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def save_fsdp_adapter(trainer: Any, output_dir: str) -> None:
+    """All ranks: gather the trainable tensors (FSDP1: summon_full_params, rank 0 only; FSDP2: each
+    DTensor's full_tensor(), a collective) and rank 0 writes the adapter from them."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     model = trainer.accelerator.unwrap_model(trainer.model)  # the PeftModel (its layers FSDP units)
+    if _fsdp2(model):
+        import torch
+
+        with torch.no_grad():
+            tensors = {
+                clean_name(n): (p.full_tensor() if _is_dtensor(p) else p).to("cpu", copy=True)
+                for n, p in model.named_parameters()
+                if p.requires_grad
+            }
+        if trainer.is_world_process_zero():
+            write_adapter(model, tensors, output_dir)
+        _barrier()
+        return
     offload = next(trainer.model_wrapped.parameters()).device.type != "cpu"
     with FSDP.summon_full_params(
         trainer.model_wrapped, writeback=False, rank0_only=True, offload_to_cpu=offload
     ):
         if trainer.is_world_process_zero():
             write_adapter(model, trainable_tensors(model.named_parameters()), output_dir)
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+    _barrier()
 
 
 def load_fsdp_adapter(trainer: Any, folder: str | Path) -> int:
     """All ranks: copy folder/adapter_model.safetensors into the FSDP-sharded model's trainable tensors
-    (full parameters summoned with writeback, so every shard gets its part). A file that does not hold
-    exactly the model's adapter tensors is an error naming the first mismatch."""
+    (FSDP1: full parameters summoned with writeback, so every shard gets its part; FSDP2: each DTensor
+    takes its shard of the saved tensor). A file that does not hold exactly the model's adapter
+    tensors is an error naming the first mismatch."""
+    import contextlib
+
     import torch
     from safetensors.torch import load_file
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -119,7 +153,11 @@ def load_fsdp_adapter(trainer: Any, folder: str | Path) -> int:
     saved = load_file(str(path))
     model = trainer.accelerator.unwrap_model(trainer.model)
     adapter, rename = adapter_renamer(model)
-    with FSDP.summon_full_params(trainer.model_wrapped, writeback=True):
+    fsdp2 = _fsdp2(model)
+    full = (
+        contextlib.nullcontext() if fsdp2 else FSDP.summon_full_params(trainer.model_wrapped, writeback=True)
+    )
+    with full:
         params = {rename(clean_name(n), adapter): p for n, p in model.named_parameters() if p.requires_grad}
         missing = sorted(set(params) - set(saved))
         extra = sorted(set(saved) - set(params))
@@ -136,7 +174,12 @@ def load_fsdp_adapter(trainer: Any, folder: str | Path) -> int:
             )
         with torch.no_grad():
             for key, param in params.items():
-                param.copy_(saved[key].to(device=param.device, dtype=param.dtype))
+                value = saved[key].to(device=param.device, dtype=param.dtype)
+                if _is_dtensor(param):
+                    from torch.distributed.tensor import distribute_tensor
+
+                    value = distribute_tensor(value, param.device_mesh, param.placements)
+                param.copy_(value)
     return len(params)
 
 
