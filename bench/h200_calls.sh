@@ -13,7 +13,9 @@
 #   bash bench/h200_calls.sh single  # 0.5B only: 1-GPU DDP baseline then 2-GPU DDP/FSDP (scaling, one call);
 #                                    # both GPUs as two 1-GPU streams: ZeRO-2/3/3+offload and FSDP x LoRA/full;
 #                                    # the FSDP + LoRA checkpoint/resume GPU test on 2 ranks
-#   bash bench/h200_calls.sh seven   # 7B LoRA on 2 GPUs: ZeRO-3, FSDP, ZeRO-2, ZeRO-3+offload (STEPS, 14)
+#   bash bench/h200_calls.sh fix5    # GPU0: 1-GPU FSDP LoRA/full, ZeRO-3 full; GPU1: the FSDP GPU tests on one
+#                                    # process; then the FSDP + LoRA checkpoint/resume test on 2 ranks
+#   bash bench/h200_calls.sh seven   # 7B LoRA on 2 GPUs: ITEMS (default ZeRO-3, ZeRO-2, FSDP, ZeRO-3+offload)
 #   bash bench/h200_calls.sh final   # GPU0: LF 0.5B full, GPU1: lmstack 0.5B full (same call: the ratio), then
 #                                    # planner-accuracy runs split over both GPUs (bench/plan_accuracy.py
 #                                    # --set small), then 2-GPU 7B LoRA DDP/FSDP/ZeRO-2 and 0.5B full DDP
@@ -45,7 +47,7 @@ echo "wheels ready after $(($(date +%s) - T0))s"
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 case "$PHASE" in
 final) ARCHS=qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b ;;
-single) ARCHS=qwen2.5-0.5b ;;
+single | fix5) ARCHS=qwen2.5-0.5b ;;
 seven) ARCHS=qwen2.5-7b ;;
 *) ARCHS=qwen2.5-0.5b,qwen2.5-7b ;;
 esac
@@ -56,6 +58,17 @@ for arch in ${ARCHS//,/ }; do
   fi
 done
 echo "assets ready after $(($(date +%s) - T0))s"
+
+dist() {  # $1 = GPUs per run, $2 = items, rest = extra arguments
+  local n=$1 items=$2
+  shift 2
+  PYTHONPATH=$LM_PATH python3 bench/distributed_bench.py all --assets /tmp/assets --nproc "$n" --steps "${STEPS:-20}" \
+    --run-id "$RUN_ID" --only "$items" "$@"
+}
+gpu_tests() {  # $1 = processes, $2 = pytest -k expression
+  LMSTACK_GPU_NPROC=$1 PYTHONPATH=$LM_PATH timeout $(($(left) - 10)) python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_distributed_gpu.py -k "$2" 2>&1 | tail -4
+}
 
 case "$PHASE" in
 speed)
@@ -100,12 +113,6 @@ final)
   tail -3 /tmp/stream_gpu0.log /tmp/stream_gpu1.log
   ;;
 single)
-  dist() {  # $1 = GPUs per run, $2 = items, rest = extra arguments
-    local n=$1 items=$2
-    shift 2
-    PYTHONPATH=$LM_PATH python3 bench/distributed_bench.py all --assets /tmp/assets --nproc "$n" --steps 20 \
-      --run-id "$RUN_ID" --only "$items" "$@"
-  }
   # scaling, 1 -> 2 GPUs, same harness and call; nothing else runs meanwhile
   CUDA_VISIBLE_DEVICES=0 dist 1 0.5b_full:ddp --budget 120 >/tmp/dist.log 2>&1
   dist 2 0.5b_full:ddp,0.5b_full:fsdp --budget 200 >>/tmp/dist.log 2>&1
@@ -116,14 +123,33 @@ single)
     --work /tmp/dist_bench/gpu1 >/tmp/stream_gpu1.log 2>&1 &
   wait
   # FSDP + LoRA on 2 ranks through the Trainer: checkpoint adapter non-empty, resume continues the run
-  LMSTACK_GPU_NPROC=2 PYTHONPATH=$LM_PATH timeout $(($(left) - 10)) python3 -m pytest -q -p no:cacheprovider \
-    tests/gpu/test_distributed_gpu.py -k fsdp_lora_checkpoint 2>&1 | tee "$OUT/fsdp_resume_test.txt" | tail -3
+  gpu_tests 2 fsdp_lora_checkpoint | tee "$OUT/fsdp_resume_test.txt"
   grep -h "status\|gpu " /tmp/dist.log /tmp/stream_gpu*.log | grep -v "^{" | tail -14
   cp /tmp/dist_bench/gpu*/*.log /tmp/dist_bench/ 2>/dev/null
   ;;
+fix5)
+  CUDA_VISIBLE_DEVICES=0 dist 1 0.5b_lora:fsdp,0.5b_full:fsdp,0.5b_full:z3,0.5b_lora:z2 --budget $(($(left) - 130)) \
+    --work /tmp/dist_bench/gpu0 >/tmp/stream_gpu0.log 2>&1 &
+  (
+    export CUDA_VISIBLE_DEVICES=1
+    echo "== 1 process: FSDP1/FSDP2 x LoRA/full SFT, FSDP + LoRA checkpoint/resume"
+    END1=$(($(date +%s) + $(left) - 130))
+    left() { echo $((END1 - $(date +%s))); }
+    gpu_tests 1 "fsdp_sft_through or fsdp_lora_checkpoint"
+  ) >"$OUT/fsdp_gpu_tests.txt" 2>&1 &
+  wait
+  echo "== 2 processes: FSDP + LoRA checkpoint/resume" >>"$OUT/fsdp_gpu_tests.txt"
+  gpu_tests 2 fsdp_lora_checkpoint >>"$OUT/fsdp_gpu_tests.txt" 2>&1
+  cat "$OUT/fsdp_gpu_tests.txt"
+  grep -h "tok/s" /tmp/stream_gpu*.log
+  cp /tmp/dist_bench/gpu*/*.log /tmp/dist_bench/ 2>/dev/null
+  if [ "$(left)" -gt 220 ]; then  # what time is left: the first 7B LoRA item on both GPUs
+    CUDA_VISIBLE_DEVICES=0 python3 bench/make_assets.py /tmp/assets qwen2.5-7b 2>&1 | grep built
+    dist 2 7b_lora:fsdp --budget $(($(left) - 15)) 2>&1 | tee /tmp/dist.log | grep "tok/s"
+  fi
+  ;;
 seven)
-  PYTHONPATH=$LM_PATH python3 bench/distributed_bench.py all --assets /tmp/assets --nproc 2 --steps "${STEPS:-14}" \
-    --budget $(($(left) - 15)) --run-id "$RUN_ID" --only 7b_lora:z3,7b_lora:fsdp,7b_lora:z2,7b_lora:z3_offload 2>&1 |
+  dist 2 "${ITEMS:-7b_lora:z3,7b_lora:z2,7b_lora:fsdp,7b_lora:z3_offload}" --budget $(($(left) - 15)) 2>&1 |
     tee /tmp/dist.log | grep -v "^\s*$" | tail -8
   ;;
 dist | rest)

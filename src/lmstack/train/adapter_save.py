@@ -103,6 +103,12 @@ def _fsdp2(model: Any) -> bool:
     return any(_is_dtensor(p) for p in model.parameters())
 
 
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def _barrier() -> None:
     import torch.distributed as dist
 
@@ -129,7 +135,13 @@ def save_fsdp_adapter(trainer: Any, output_dir: str) -> None:
             write_adapter(model, tensors, output_dir)
         _barrier()
         return
-    offload = next(trainer.model_wrapped.parameters()).device.type != "cpu"
+    from torch.distributed.fsdp import ShardingStrategy
+
+    # the gathered copy goes to CPU RAM, except where FSDP refuses it: one process (FSDP turns FULL_SHARD
+    # into NO_SHARD) or NO_SHARD -- "offload_to_cpu=True and NO_SHARD is not supported" on 1 x H200
+    wrapped = trainer.model_wrapped
+    sharded = _world_size() > 1 and getattr(wrapped, "sharding_strategy", None) != ShardingStrategy.NO_SHARD
+    offload = sharded and next(wrapped.parameters()).device.type != "cpu"
     with FSDP.summon_full_params(
         trainer.model_wrapped, writeback=False, rank0_only=True, offload_to_cpu=offload
     ):
