@@ -3,10 +3,11 @@ reads the result lines that came back from the GPU calls, rebuilds each run's ex
 config-only model folders (bench/make_assets.py's configs, no weights), asks the planner, and writes
 bench/results/plan_accuracy.json (rows + summary: median and worst |error|).
 
-    python3 bench/plan_check.py OUT_JSON [--old-chunked-ce] RESULT_FILE...
+    python3 bench/plan_check.py OUT_JSON [--old-chunked-ce-before ISO_DATE] RESULT_FILE...
         RESULT_FILE: speed*.jsonl, stages*.jsonl, qlora*.jsonl, distributed*.jsonl, plan_runs*.json
-        --old-chunked-ce: the runs were made before the chunked CE freed each chunk early (all of
-        2026-11-29's); the planner then models that implementation's loss term
+        --old-chunked-ce-before: runs dated before this were made before the chunked CE freed each
+        chunk early (commit db98c1b, 2026-11-29T17:05Z); for them the planner models that
+        implementation's loss term, for later ones the current one
 Compared: the planner's total without its CUDA-context/fragmentation term ("allocated_equiv") vs
 torch.cuda.max_memory_allocated() (which sees neither).
 """
@@ -27,6 +28,8 @@ import qlora_bench  # noqa: E402
 import stage_bench  # noqa: E402
 from make_assets import CONFIGS, qwen_config  # noqa: E402
 from plan_accuracy import predict  # noqa: E402
+
+from lmstack.plan import memory as plan_memory  # noqa: E402
 
 H200_GIB = 139.8
 
@@ -104,18 +107,17 @@ READERS = {"speed": from_speed, "stages": from_stages, "qlora": from_qlora, "dis
 
 
 OLD_CHUNKED_CE = {"LMSTACK_CE_CHUNK_TOKENS": 4096, "LMSTACK_CE_LIVE_CHUNKS": 2}
+CURRENT_CHUNKED_CE = {name: getattr(plan_memory, name) for name in OLD_CHUNKED_CE}
 
 
-def use_old_chunked_ce() -> None:
-    """Model the chunked CE that the GPU runs of 2026-11-29 ran (before it freed each chunk early):
-    4096-token chunks, the previous chunk's tensors still alive while the next was computed."""
-    from lmstack.plan import memory
-
-    for name, value in OLD_CHUNKED_CE.items():
-        setattr(memory, name, value)
+def chunked_ce_model(old: bool) -> None:
+    """old: model the chunked CE the GPU runs before db98c1b ran (4096-token chunks, the previous
+    chunk's tensors still alive while the next was computed); otherwise the current constants."""
+    for name, value in (OLD_CHUNKED_CE if old else CURRENT_CHUNKED_CE).items():
+        setattr(plan_memory, name, value)
 
 
-def main(out: Path, files: list[Path], old_ce: bool = False) -> dict:
+def main(out: Path, files: list[Path], old_before: str | None = None) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -130,6 +132,8 @@ def main(out: Path, files: list[Path], old_ce: bool = False) -> dict:
                 run = READERS[kind](line, root)
                 if run is None:
                     continue
+                old = bool(old_before) and (line.get("date") or line.get("run_date") or "") < old_before
+                chunked_ce_model(old)
                 pred = predict(run["cfg"], H200_GIB, gpus=run["gpus"], fsdp=run["fsdp"])
                 err = 100 * (pred["allocated_equiv"] - run["measured"]) / run["measured"]
                 cfg = {k: v for k, v in run["cfg"].items() if k not in ("dataset_dir", "output_dir")}
@@ -137,7 +141,8 @@ def main(out: Path, files: list[Path], old_ce: bool = False) -> dict:
                 rows.append({"source": path.name, "name": run["name"], "num_gpus": run["gpus"],
                              "measured_gib": run["measured"], "predicted_gib": pred["allocated_equiv"],
                              "error_pct": round(err, 1), "predicted": pred, "config": cfg,
-                             "run_date": line.get("date"), "gpu": line.get("gpu")})  # fmt: skip
+                             "run_date": line.get("date"), "gpu": line.get("gpu"),
+                             "chunked_ce_model": "before db98c1b" if old else "current"})  # fmt: skip
     errs = sorted(abs(r["error_pct"]) for r in rows)
     mid = len(errs) // 2
     summary = {
@@ -151,7 +156,8 @@ def main(out: Path, files: list[Path], old_ce: bool = False) -> dict:
     }
     meta = {"computed": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "gpu_memory_gib": H200_GIB,
             "compared": "planner total minus its overhead term vs torch.cuda.max_memory_allocated()",
-            "chunked_ce_model": OLD_CHUNKED_CE if old_ce else "current"}  # fmt: skip
+            "chunked_ce_model": {"current": CURRENT_CHUNKED_CE, "before db98c1b": OLD_CHUNKED_CE,
+                                 "old_before": old_before}}  # fmt: skip
     out.write_text(json.dumps({"meta": meta, "summary": summary, "runs": rows}, indent=1))
     for r in rows:
         print(f"{r['name']:34s} gpus {r['num_gpus']} meas {r['measured_gib']:7.2f} pred {r['predicted_gib']:7.2f} "
@@ -162,8 +168,9 @@ def main(out: Path, files: list[Path], old_ce: bool = False) -> dict:
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    old = "--old-chunked-ce" in argv
-    if old:
-        argv.remove("--old-chunked-ce")
-        use_old_chunked_ce()
-    main(Path(argv[0]), [Path(p) for p in argv[1:]], old)
+    before = None
+    if "--old-chunked-ce-before" in argv:
+        i = argv.index("--old-chunked-ce-before")
+        before = argv[i + 1]
+        del argv[i : i + 2]
+    main(Path(argv[0]), [Path(p) for p in argv[1:]], before)
