@@ -200,6 +200,7 @@ def main() -> None:
         cfg = base_config(args.assets, arch, name, overrides)
         row = {
             "name": name,
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "config": {k: v for k, v in cfg.items() if k not in ("dataset_dir", "output_dir")},
         }
         try:
