@@ -106,7 +106,8 @@ READERS = {"speed": from_speed, "stages": from_stages, "qlora": from_qlora, "dis
            "plan_runs": from_plan_runs}  # fmt: skip
 
 
-OLD_CHUNKED_CE = {"LMSTACK_CE_CHUNK_TOKENS": 4096, "LMSTACK_CE_LIVE_CHUNKS": 2}
+OLD_CHUNKED_CE = {"LMSTACK_CE_CHUNK_TOKENS": 4096, "LMSTACK_CE_LIVE_CHUNKS": 2, "LMSTACK_CE_BYTES": 6,
+                  "LMSTACK_CE_HEAD_BYTES": 4}  # fmt: skip
 CURRENT_CHUNKED_CE = {name: getattr(plan_memory, name) for name in OLD_CHUNKED_CE}
 
 

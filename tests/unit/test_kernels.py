@@ -150,7 +150,8 @@ class _LiveBytes:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_chunked_ce_keeps_one_chunk_of_logits_alive(dtype):
-    """Peak ~6 B x chunk x V (what plan/memory.py's LMSTACK_CE_BYTES says), however many chunks."""
+    """Peak ~6 B x chunk x V of the code's own tensors, however many chunks (the planner's
+    LMSTACK_CE_BYTES is the 9 B measured on the H200, which also sees cuBLAS/allocator effects)."""
     import torch
 
     from lmstack.models.kernels import linear_cross_entropy
@@ -166,7 +167,8 @@ def test_chunked_ce_keeps_one_chunk_of_logits_alive(dtype):
     one_chunk = chunk * vocab
     # hidden-sized terms (grad_h, grad_w, their saved copies) and the int64 label/index selections
     small = 8 * (tokens * hidden + vocab * hidden) + 32 * tokens
-    assert tracker.peak <= memory.LMSTACK_CE_BYTES * one_chunk + small, tracker.peak / one_chunk
+    assert tracker.peak <= 6 * one_chunk + small, tracker.peak / one_chunk
+    assert memory.LMSTACK_CE_BYTES >= 6  # the planner never assumes less than the code allocates
     assert tracker.peak >= 4 * one_chunk  # it did materialise one fp32 chunk
     loss.backward()
     ref = torch.nn.functional.cross_entropy(h.detach().float() @ w.detach().float().t(), labels)

@@ -18,8 +18,8 @@ from lmstack.config.schema import Config
 
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
-# rows per chunk: the peak is ~6 B x chunk x vocab (bf16 product + fp32 copy, then fp32 grad + bf16
-# copy) = 1.7 GiB for Qwen's 152K vocab; plan/memory.py models it (LMSTACK_CE_*)
+# rows per chunk: the tensors here peak at ~6 B x chunk x vocab (bf16 product + fp32 copy, then fp32 grad
+# + bf16 copy) = 1.7 GiB for Qwen's 152K vocab; the H200 measured ~9 B; plan/memory.py models it (LMSTACK_CE_*)
 DEFAULT_CHUNK = 2048
 
 

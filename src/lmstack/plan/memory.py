@@ -63,14 +63,17 @@ STOCK_HF_ACTIVATION_FACTOR = 1.3
 # --- logits / loss (REFERENCE 7.3) ----------------------------------------------------
 UNFUSED_LOGITS_BYTES = 10  # bf16 logits 2 + fp32 upcast 4 + logits grad 4, per element
 FUSED_CE_CHUNK_TOKENS = 1024  # Liger FLCE materialises one chunk of logits (its chunks are smaller)
-# lmstack's own chunked linear CE (models/kernels.py, DEFAULT_CHUNK tokens per chunk): at its peak a
+# lmstack's own chunked linear CE (models/kernels.py, DEFAULT_CHUNK tokens per chunk). By its code a
 # chunk's bf16 product and fp32 copy (2 + 4 B), later the fp32 softmax-gradient and its bf16 copy
-# (4 + 2 B): 6 B x chunk x V; plus the fp32 head-gradient accumulator (4 B x V x h) when the head trains.
-# Checked on the H200 (bench/results/plan_accuracy.json) with the earlier implementation: 4096-token
-# chunks and the previous chunk's tensors still alive while the next was computed (2 live chunks).
+# (4 + 2 B): 6 B x chunk x V; the H200 runs of the current implementation (one 2048-token chunk alive,
+# 0.5B LoRA/full without Liger, bench/results/plan_runs_ce_h200.json) measured ~9 B x chunk x V. When the
+# head trains: the fp32 head-gradient accumulator plus each chunk's bf16 [V, h] product and its fp32 copy
+# (4 + 2 + 4 B x V x h). The earlier implementation (4096-token chunks, two alive; 6 B and 4 B fitted)
+# is what bench/plan_check.py models for runs made before commit db98c1b.
 LMSTACK_CE_CHUNK_TOKENS = 2048
-LMSTACK_CE_BYTES = 6
+LMSTACK_CE_BYTES = 9
 LMSTACK_CE_LIVE_CHUNKS = 1
+LMSTACK_CE_HEAD_BYTES = 10
 FUSED_CE_BYTES = 4  # fp32 per chunk element
 
 # --- overhead (REFERENCE 7.4) ---------------------------------------------------------
@@ -208,10 +211,10 @@ def logits_bytes(tokens: int, vocab: int, fused: bool, chunk_tokens: int = FUSED
 
 
 def chunked_ce_bytes(tokens: int, vocab: int, hidden: int, head_trainable: bool) -> float:
-    """lmstack's chunked linear CE peak: live chunks x 6 B x chunk x V (+ 4 B x V x h head grad)."""
+    """lmstack's chunked linear CE peak: live chunks x bytes x chunk x V (+ the head gradient's V x h)."""
     chunk = min(tokens, LMSTACK_CE_CHUNK_TOKENS)
     live = 1 if tokens <= LMSTACK_CE_CHUNK_TOKENS else LMSTACK_CE_LIVE_CHUNKS
-    head = FP32_BYTES * vocab * hidden if head_trainable else 0
+    head = LMSTACK_CE_HEAD_BYTES * vocab * hidden if head_trainable else 0
     return live * LMSTACK_CE_BYTES * chunk * vocab + head
 
 
