@@ -62,30 +62,33 @@ def test_pt_packs_text_and_loss_falls(cfg, caplog):
 
 
 # ---- rm -----------------------------------------------------------------------------------------
+def rm_run(tiny_model, out: Path, **over) -> dict:
+    """The reward-model LoRA run both rm tests use (10 steps, checkpoints every 5)."""
+    return {
+        "model_name_or_path": str(tiny_model),
+        "template": "qwen",
+        "stage": "rm",
+        "finetuning_type": "lora",
+        "dataset": "dpo_en_demo",
+        "dataset_dir": str(DATA),
+        "cutoff_len": 64,
+        "output_dir": str(out),
+        "per_device_train_batch_size": 8,
+        "learning_rate": 1e-2,
+        "max_steps": 10,
+        "save_steps": 5,
+        "logging_steps": 1,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 0,
+        **over,
+    }
+
+
 @pytest.fixture(scope="module")
 def rm_dir(tiny_model, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("rm") / "out"
-    train(
-        None,
-        {
-            "model_name_or_path": str(tiny_model),
-            "template": "qwen",
-            "stage": "rm",
-            "finetuning_type": "lora",
-            "dataset": "dpo_en_demo",
-            "dataset_dir": str(DATA),
-            "cutoff_len": 64,
-            "output_dir": str(out),
-            "per_device_train_batch_size": 8,
-            "learning_rate": 1e-2,
-            "max_steps": 10,
-            "save_steps": 5,
-            "logging_steps": 1,
-            "report_to": "none",
-            "disable_tqdm": True,
-            "seed": 0,
-        },
-    )
+    train(None, rm_run(tiny_model, out))
     return out
 
 
@@ -134,24 +137,7 @@ def test_rm_resumes_backbone_and_value_head(rm_dir, tiny_model, tmp_path, caplog
     out = tmp_path / "rm"
     shutil.copytree(rm_dir, out)
     head = load_file(str(out / "checkpoint-10" / "value_head.safetensors"))
-    run = {
-        "model_name_or_path": str(tiny_model),
-        "template": "qwen",
-        "stage": "rm",
-        "dataset": "dpo_en_demo",
-        "dataset_dir": str(DATA),
-        "cutoff_len": 64,
-        "output_dir": str(out),
-        "per_device_train_batch_size": 8,
-        "learning_rate": 1e-2,
-        "max_steps": 12,
-        "save_steps": 5,
-        "logging_steps": 1,
-        "report_to": "none",
-        "disable_tqdm": True,
-        "seed": 0,
-        "resume_from_checkpoint": str(out / "checkpoint-10"),
-    }
+    run = rm_run(tiny_model, out, max_steps=12, resume_from_checkpoint=str(out / "checkpoint-10"))
     with caplog.at_level(logging.INFO, logger="lmstack.train.rm"):
         train(None, run)
     assert any("resumed the reward model" in r.message for r in caplog.records)

@@ -22,6 +22,14 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
+def barrier() -> None:
+    """All ranks meet here; a no-op in a single process (no process group)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
 def init_process_group(cfg: Config) -> None:
     """Initialise the default group the way the Trainer would (accelerate and DeepSpeed reuse it)."""
     import torch

@@ -23,6 +23,7 @@ from typing import Any
 
 from lmstack.config.errors import ConfigError, LmstackError
 from lmstack.config.schema import Config
+from lmstack.launch.dist import barrier
 from lmstack.reliability import NonFiniteLoss, TrainingStopped
 from lmstack.reliability.checkpoint import commit_checkpoint, rotate_checkpoints, staging_root
 from lmstack.train.adapter_save import (
@@ -331,14 +332,10 @@ def manifest_callback() -> Any:
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if not folder.is_dir() or (folder / MANIFEST).is_file():
                 return  # `reliable` trainers commit with the manifest already
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                dist.barrier()
+            barrier()
             if state.is_world_process_zero:
                 write_manifest(folder, {"step": state.global_step, "epoch": state.epoch})
                 logger.info("checkpoint complete: %s", folder)
-            if dist.is_available() and dist.is_initialized():
-                dist.barrier()
+            barrier()
 
     return CheckpointManifest()

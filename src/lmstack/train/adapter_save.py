@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmstack.config.errors import LmstackError
+from lmstack.launch.dist import barrier, world_size
 
 logger = logging.getLogger(__name__)
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -42,8 +43,13 @@ def adapter_renamer(model: Any) -> tuple[str, Any]:
 
 
 def trainable_tensors(named: Any) -> dict[str, Any]:
-    """{clean name: detached CPU copy} of the trainable (adapter) parameters."""
-    return {clean_name(n): p.detach().to("cpu", copy=True) for n, p in named if p.requires_grad and p.numel()}
+    """{clean name: detached CPU copy} of the trainable (adapter) parameters; an FSDP2 DTensor is
+    gathered whole (full_tensor() is a collective: every rank must call this then)."""
+    return {
+        clean_name(n): (p.full_tensor() if _is_dtensor(p) else p).detach().to("cpu", copy=True)
+        for n, p in named
+        if p.requires_grad and p.numel()
+    }
 
 
 def check_adapter_file(output_dir: str | Path) -> int:
@@ -103,19 +109,6 @@ def _fsdp2(model: Any) -> bool:
     return any(_is_dtensor(p) for p in model.parameters())
 
 
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 def save_fsdp_adapter(trainer: Any, output_dir: str) -> None:
     """All ranks: gather the trainable tensors (FSDP1: summon_full_params, rank 0 only; FSDP2: each
     DTensor's full_tensor(), a collective) and rank 0 writes the adapter from them."""
@@ -123,31 +116,22 @@ def save_fsdp_adapter(trainer: Any, output_dir: str) -> None:
 
     model = trainer.accelerator.unwrap_model(trainer.model)  # the PeftModel (its layers FSDP units)
     if _fsdp2(model):
-        import torch
-
-        with torch.no_grad():
-            tensors = {
-                clean_name(n): (p.full_tensor() if _is_dtensor(p) else p).to("cpu", copy=True)
-                for n, p in model.named_parameters()
-                if p.requires_grad
-            }
+        tensors = trainable_tensors(model.named_parameters())  # every rank: the gathers are collectives
         if trainer.is_world_process_zero():
             write_adapter(model, tensors, output_dir)
-        _barrier()
+        barrier()
         return
     from torch.distributed.fsdp import ShardingStrategy
 
     # the gathered copy goes to CPU RAM, except where FSDP refuses it: one process (FSDP turns FULL_SHARD
     # into NO_SHARD) or NO_SHARD -- "offload_to_cpu=True and NO_SHARD is not supported" on 1 x H200
     wrapped = trainer.model_wrapped
-    sharded = _world_size() > 1 and getattr(wrapped, "sharding_strategy", None) != ShardingStrategy.NO_SHARD
+    sharded = world_size() > 1 and getattr(wrapped, "sharding_strategy", None) != ShardingStrategy.NO_SHARD
     offload = sharded and next(wrapped.parameters()).device.type != "cpu"
-    with FSDP.summon_full_params(
-        trainer.model_wrapped, writeback=False, rank0_only=True, offload_to_cpu=offload
-    ):
+    with FSDP.summon_full_params(wrapped, writeback=False, rank0_only=True, offload_to_cpu=offload):
         if trainer.is_world_process_zero():
             write_adapter(model, trainable_tensors(model.named_parameters()), output_dir)
-    _barrier()
+    barrier()
 
 
 def load_fsdp_adapter(trainer: Any, folder: str | Path) -> int:

@@ -24,6 +24,12 @@ LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, nu
 
 
 @pytest.fixture(scope="session")
+def qwen_shapes() -> dict[str, dict]:
+    """Qwen2.5 config fields by size, for tests that write a config.json."""
+    return {"0.5b": QWEN_05B, "1.5b": QWEN_15B, "7b": QWEN_7B}
+
+
+@pytest.fixture(scope="session")
 def specs() -> dict[str, ModelSpec]:
     return {
         "qwen2.5-0.5b": ModelSpec.from_config(Qwen2Config(**QWEN_05B)),

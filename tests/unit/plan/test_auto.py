@@ -10,42 +10,27 @@ from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
 from lmstack.plan.auto import resolve_auto_fields
 
-QWEN25 = {
-    "0.5b": dict(
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "7b": dict(
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-        tie_word_embeddings=False,
-    ),
-}
 
+@pytest.fixture
+def model_dir(tmp_path, qwen_shapes):
+    """A Qwen2.5 folder with config.json only (no weights) for the given size."""
 
-def model_dir(tmp_path: Path, size: str) -> str:
-    d = tmp_path / f"qwen2.5-{size}"
-    d.mkdir()
-    (d / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "qwen2",
-                "architectures": ["Qwen2ForCausalLM"],
-                "max_position_embeddings": 32768,
-                **QWEN25[size],
-            }
+    def make(size: str) -> str:
+        d = tmp_path / f"qwen2.5-{size}"
+        d.mkdir()
+        (d / "config.json").write_text(
+            json.dumps(
+                {
+                    "model_type": "qwen2",
+                    "architectures": ["Qwen2ForCausalLM"],
+                    "max_position_embeddings": 32768,
+                    **qwen_shapes[size],
+                }
+            )
         )
-    )
-    return str(d)
+        return str(d)
+
+    return make
 
 
 def cfg_for(path: str, **kw):
@@ -61,8 +46,8 @@ def cfg_for(path: str, **kw):
     return build_config({**flat, **kw})
 
 
-def test_small_model_on_an_h200_needs_no_deepspeed_and_no_recompute(tmp_path, caplog):
-    cfg = cfg_for(model_dir(tmp_path, "0.5b"), finetuning_type="lora")
+def test_small_model_on_an_h200_needs_no_deepspeed_and_no_recompute(model_dir, caplog):
+    cfg = cfg_for(model_dir("0.5b"), finetuning_type="lora")
     with caplog.at_level(logging.INFO):
         chosen = resolve_auto_fields(cfg, gpu_memory_gib=139.8)
     assert chosen["deepspeed"] is None and cfg.training.deepspeed is None
@@ -72,8 +57,8 @@ def test_small_model_on_an_h200_needs_no_deepspeed_and_no_recompute(tmp_path, ca
     assert "plan: auto ->" in caplog.text
 
 
-def test_7b_full_on_80gb_gets_a_real_zero_template(tmp_path):
-    cfg = cfg_for(model_dir(tmp_path, "7b"), finetuning_type="full")
+def test_7b_full_on_80gb_gets_a_real_zero_template(model_dir):
+    cfg = cfg_for(model_dir("7b"), finetuning_type="full")
     chosen = resolve_auto_fields(cfg, gpu_memory_gib=80)
     assert chosen["deepspeed"] and Path(chosen["deepspeed"]).is_file()
     ds = json.loads(Path(chosen["deepspeed"]).read_text())
@@ -82,10 +67,10 @@ def test_7b_full_on_80gb_gets_a_real_zero_template(tmp_path):
     assert cfg.training.per_device_train_batch_size >= 1
 
 
-def test_less_memory_buys_room_with_recompute_not_with_an_oom(tmp_path):
+def test_less_memory_buys_room_with_recompute_not_with_an_oom(model_dir):
     from lmstack.plan.auto import plan_decision
 
-    path = model_dir(tmp_path, "0.5b")
+    path = model_dir("0.5b")
     for memory in (24, 40, 139.8):
         cfg = cfg_for(path, finetuning_type="full", deepspeed=None)
         assert plan_decision(cfg, memory)["fits"], memory
@@ -94,16 +79,16 @@ def test_less_memory_buys_room_with_recompute_not_with_an_oom(tmp_path):
             assert cfg.training.gradient_checkpointing is False
 
 
-def test_cpu_resolution_is_plain_and_logged(tmp_path, caplog):
-    cfg = cfg_for(model_dir(tmp_path, "0.5b"), use_cpu=True)
+def test_cpu_resolution_is_plain_and_logged(model_dir, caplog):
+    cfg = cfg_for(model_dir("0.5b"), use_cpu=True)
     with caplog.at_level(logging.INFO):
         chosen = resolve_auto_fields(cfg)
     assert chosen == {"deepspeed": None, "per_device_train_batch_size": 1, "gradient_checkpointing": False}
     assert "auto on CPU" in caplog.text
 
 
-def test_auto_batch_with_a_token_budget_is_an_error(tmp_path):
-    cfg = cfg_for(model_dir(tmp_path, "0.5b"), packing=True, max_tokens_per_batch=16384)
+def test_auto_batch_with_a_token_budget_is_an_error(model_dir):
+    cfg = cfg_for(model_dir("0.5b"), packing=True, max_tokens_per_batch=16384)
     with pytest.raises(ConfigError, match="per_device_train_batch_size: auto cannot be combined"):
         resolve_auto_fields(cfg, gpu_memory_gib=80)
 
