@@ -35,7 +35,7 @@ def recomputed(tmp_path_factory):
             cfg = plan_check.local(run["config"], root, run["config"]["model_name_or_path"])
             fsdp = ":fsdp:" in run["name"]
             pred = predict(cfg, plan_check.H200_GIB, gpus=run["num_gpus"], fsdp=fsdp)["allocated_equiv"]
-            rows.append((run["name"], run["measured_gib"], pred))
+            rows.append((run["name"], run["measured_gib"], pred, run["source"]))
     finally:
         for name, value in saved.items():
             setattr(memory, name, value)
@@ -44,15 +44,25 @@ def recomputed(tmp_path_factory):
 
 def test_there_is_enough_hardware_evidence(recomputed):
     assert len(recomputed) >= 45
-    assert any(":2gpu" in name for name, _, _ in recomputed)
-    assert any(":1gpu" in name for name, _, _ in recomputed)
+    assert any(":2gpu" in name for name, *_ in recomputed)
+    assert any(":1gpu" in name for name, *_ in recomputed)
 
 
 def test_median_error_within_5_percent_and_worst_within_17(recomputed):
-    errors = sorted(abs(pred - meas) / meas * 100 for _, meas, pred in recomputed)
+    errors = sorted(abs(pred - meas) / meas * 100 for _, meas, pred, _ in recomputed)
     median = (errors[len(errors) // 2] + errors[(len(errors) - 1) // 2]) / 2
     assert median <= 5.0, errors
     # measured worst 16.8%: a checkpointed 0.5B full run whose loss term the planner overestimates
     # (it counts every token as a label; there only the responses are); the rest are within 11%
     assert errors[-1] <= 17.0, errors
     assert sum(e > 11.0 for e in errors) <= 1, errors
+
+
+def test_the_chunked_loss_is_never_under_predicted(recomputed):
+    """lmstack's chunked CE as it is now, measured without Liger (plan_runs_ce_h200.json): the 6 B x chunk
+    x V of the code's own tensors under-predicted these runs by 6-11%; the planner may err high, not low."""
+    rows = [
+        (name, meas, pred) for name, meas, pred, source in recomputed if source == "plan_runs_ce_h200.json"
+    ]
+    assert len(rows) == 4
+    assert all(pred >= 0.97 * meas for _, meas, pred in rows), rows
