@@ -30,11 +30,17 @@ def run_check(config: str | None, overrides: list[str] | dict | None = None) -> 
     out_dir = Path(flat["output_dir"]) if flat.get("output_dir") else Path.cwd()
     flat.setdefault("output_dir", str(out_dir))  # check never writes anything else there
     cfg = build_config(flat)
+    from lmstack.train.run import plan_run
+
+    plan, _ = plan_run(cfg, launch=False)  # refuses what `lmstack train` refuses, before any tokenizing
+    logger.info("%s", plan.describe())
+    cfg = plan.cfg
     tokenizer = load_tokenizer(cfg)
     template = get_template(cfg.data.template, tokenizer)
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
     report = check_data(cfg, tokenizer, template)
+    report["run_plan"] = plan.to_dict()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / REPORT_NAME
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")

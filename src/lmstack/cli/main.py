@@ -58,27 +58,21 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _visible_gpus() -> tuple[int, float | None]:
-    import torch
-
-    if not torch.cuda.is_available():
-        return 1, None
-    return torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory / 2**30
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from lmstack.config.load import load_config
+    from lmstack.launch.context import LaunchContext
     from lmstack.plan import check_layout, enumerate_layouts, format_table, plan, pretrain_gpt_args, to_json
-    from lmstack.plan.from_config import request_from_config
+    from lmstack.plan.from_config import request_from_plan
+    from lmstack.plan.whatif import plan_for
 
     cfg = load_config(args.config, args.overrides)
-    visible, memory = _visible_gpus()
-    gpus = args.gpus or visible
-    req = request_from_config(
-        cfg, gpus, args.gpu_memory or memory or 80.0, args.nodes, args.cpu_memory, search=args.search
-    )
+    here = LaunchContext.from_env()
+    gpus = args.gpus or max(here.gpu_count, 1)
+    memory = args.gpu_memory or here.gpu_memory_gib or 80.0
+    run_plan = plan_for(cfg, gpus * args.nodes, memory)  # the run plan on that machine
+    req = request_from_plan(run_plan, gpus, memory, args.nodes, args.cpu_memory, search=args.search)
     if args.megatron or args.tp or args.pp:
         total, per_node = gpus * args.nodes, gpus
         mb = args.micro_batches
@@ -113,7 +107,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print("\npretrain_gpt.py " + " ".join(pretrain_gpt_args(best)))
         return 0 if best is not None else 1
     result = plan(req)
-    print(json.dumps(to_json(result), indent=2) if args.json else format_table(result))
+    if args.json:
+        print(json.dumps({**to_json(result), "run_plan": run_plan.to_dict()}, indent=2))
+    else:
+        print(format_table(result) + "\n\n" + run_plan.describe())
     return 0
 
 

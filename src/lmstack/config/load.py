@@ -174,6 +174,10 @@ def load_config(path: str | Path | None, overrides: list[str] | dict | None = No
     return build_config(flat)
 
 
-def save_config(cfg: Config, path: str | Path) -> None:
-    """Resolved flat config (secrets redacted) — what `lmstack train` really ran with."""
-    Path(path).write_text(yaml.safe_dump(cfg.flat(redact=True), sort_keys=False, allow_unicode=True))
+def save_config(cfg: Config, path: str | Path, plan_lines: str | None = None) -> None:
+    """Resolved flat config (secrets redacted) — what `lmstack train` really ran with; the run plan
+    (`plan_lines`) follows as YAML comments, so the file still loads as a config."""
+    text = yaml.safe_dump(cfg.flat(redact=True), sort_keys=False, allow_unicode=True)
+    if plan_lines:
+        text += "".join(f"# {line}\n" for line in plan_lines.splitlines())
+    Path(path).write_text(text)

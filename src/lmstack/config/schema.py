@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 
 class Section(BaseModel):
@@ -320,6 +320,15 @@ class TrainingArgs(Section):
         None,
         description="Path to a DeepSpeed JSON config, or auto (the planner picks none or a ZeRO template).",
     )
+    fsdp: str | None = Field(
+        None,
+        description="FSDP through the Trainer (transformers' form, as LLaMA-Factory passes it): e.g. "
+        "'full_shard auto_wrap', 'shard_grad_op auto_wrap', add 'offload' for CPU offload; needs several "
+        "processes (torchrun, or lmstack's relaunch on several GPUs).",
+    )
+    fsdp_config: dict | None = Field(
+        None, description="FSDP options for the Trainer (e.g. {version: 2}); only with fsdp."
+    )
     max_tokens_per_batch: int | None = Field(
         None, gt=0, description="Token budget per micro-batch (packing)."
     )
@@ -333,6 +342,17 @@ class TrainingArgs(Section):
     nonfinite_skip_budget: int = Field(
         10, ge=0, description="on_nonfinite: skip -> abort once more than this many steps were skipped."
     )
+
+    @field_validator("fsdp", mode="before")
+    @classmethod
+    def _fsdp_words(cls, value: object) -> object:
+        """`fsdp: [full_shard, auto_wrap]` (a YAML list) and `fsdp: full_shard auto_wrap` are the same;
+        `false` / empty = off."""
+        if value is False or value == "" or value == []:
+            return None
+        if isinstance(value, list | tuple):
+            return " ".join(str(v) for v in value)
+        return value
 
 
 class GeneratingArgs(Section):

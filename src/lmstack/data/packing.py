@@ -13,60 +13,26 @@ from __future__ import annotations
 
 import bisect
 import logging
-import os
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from lmstack.config.errors import ConfigError
-from lmstack.config.schema import Config
 from lmstack.data.encode import IGNORE_INDEX
 from lmstack.data.tokenized import TokenizedDataset
 
 logger = logging.getLogger(__name__)
 
 
-def packing_enabled(cfg: Config) -> bool:
-    return bool(cfg.data.packing or cfg.data.neat_packing)
+@dataclass(frozen=True)
+class PackSpec:
+    """How rows are packed (decided by the run plan): tokens per row, the shuffle seed, and the number
+    of rows every micro-batch step consumes across all processes."""
 
-
-def row_capacity(cfg: Config) -> int:
-    """Tokens per packed row: cutoff_len, or max_tokens_per_batch split over the micro-batch rows."""
-    cutoff = cfg.data.cutoff_len
-    budget = cfg.training.max_tokens_per_batch
-    if budget is None:
-        return cutoff
-    rows = cfg.training.per_device_train_batch_size
-    capacity = budget // rows
-    if capacity < cutoff:
-        raise ConfigError(
-            f"max_tokens_per_batch: {budget} tokens over per_device_train_batch_size: {rows} rows gives "
-            f"{capacity}-token rows, shorter than cutoff_len: {cutoff}; raise max_tokens_per_batch to at "
-            f"least {cutoff * rows} or lower per_device_train_batch_size"
-        )
-    return capacity
-
-
-def check_packing_config(cfg: Config) -> None:
-    """Fails before the model loads on settings packing cannot honour."""
-    if cfg.training.max_tokens_per_batch is not None and not packing_enabled(cfg):
-        raise ConfigError(
-            "max_tokens_per_batch: needs packing: true (the token budget is filled by packing samples "
-            "into rows); set packing: true or remove max_tokens_per_batch"
-        )
-    if packing_enabled(cfg):
-        if cfg.data.streaming:
-            raise ConfigError(
-                "packing: not supported with streaming: true yet (rows are packed from the whole "
-                "tokenized set); set streaming: false or packing: false"
-            )
-        if cfg.finetuning.stage not in ("sft", "pt"):
-            field = "packing" if cfg.data.packing else "neat_packing"
-            raise ConfigError(
-                f"{field}: supported for stage sft and pt, not {cfg.finetuning.stage}; remove it"
-            )
-        row_capacity(cfg)
+    capacity: int
+    seed: int = 0
+    rows_multiple: int = 1
 
 
 def pack_bins(lengths: list[int] | np.ndarray, capacity: int, seed: int = 0) -> list[list[int]]:
@@ -144,15 +110,10 @@ class PackedDataset:
         return float(self.lengths().sum()) / max(len(self) * self.capacity, 1)
 
 
-def pack_dataset(
-    cfg: Config, data: TokenizedDataset | None, eval_split: bool = False
-) -> PackedDataset | None:
+def pack_dataset(data: TokenizedDataset | None, spec: PackSpec) -> PackedDataset | None:
     if data is None:
         return None
-    t = cfg.training
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rows = (t.per_device_eval_batch_size if eval_split else t.per_device_train_batch_size) * world
-    packed = PackedDataset(data, row_capacity(cfg), t.seed, rows_multiple=rows)
+    packed = PackedDataset(data, spec.capacity, spec.seed, rows_multiple=spec.rows_multiple)
     logger.info(
         "packing: %d samples -> %d rows of %d tokens (%.1f%% filled; attention never crosses samples)",
         len(data),

@@ -15,8 +15,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 from array import array
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -29,51 +27,17 @@ from lmstack.data.formats import RecordError, convert
 from lmstack.data.loader import RawRecord, read_records
 from lmstack.data.mix import mix_datasets, parse_probs
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
+from lmstack.data.stats import (
+    DataBundle,
+    DatasetStats,
+    check_ranking,
+    encode_options,
+    log_stats,
+    no_valid_samples,
+)
 from lmstack.data.tokenized import TokenizedDataset
 
 logger = logging.getLogger(__name__)
-MAX_LOGGED_PROBLEMS = 20
-
-
-@dataclass
-class DatasetStats:
-    name: str
-    records: int = 0
-    kept: int = 0
-    truncated: int = 0
-    dropped: Counter = field(default_factory=Counter)  # kind -> count
-    problems: list[dict] = field(default_factory=list)  # file, position, field, kind, reason
-
-    def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "records": self.records,
-            "kept": self.kept,
-            "truncated": self.truncated,
-            "dropped": dict(self.dropped),
-            "problems": self.problems,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DatasetStats:
-        return cls(d["name"], d["records"], d["kept"], d["truncated"], Counter(d["dropped"]), d["problems"])
-
-
-@dataclass
-class DataBundle:
-    train: TokenizedDataset | None
-    eval: TokenizedDataset | None
-    stats: list[DatasetStats]
-
-
-def format_problem(p: dict) -> str:
-    """`file line 3, field conversations[1].from: unknown role: 'bot'; known: ...` (check and train)."""
-    where = f"{p['file']} {p['position']}" + (f", field {p['field']}" if p.get("field") else "")
-    return f"{where}: {p['reason']}"
-
-
-def format_dropped(stats: DatasetStats) -> str:
-    return ", ".join(f"{n} x {kind}" for kind, n in stats.dropped.most_common()) or "none"
 
 
 # ---- encoding (optionally in a fork pool) ------------------------------------------------------
@@ -169,37 +133,6 @@ def encode_records(
     return TokenizedDataset.from_arrays(ragged, dense, kept), stats
 
 
-def _log_stats(stats: DatasetStats, cutoff_len: int) -> None:
-    logger.info(
-        "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d",
-        stats.name,
-        stats.records,
-        stats.kept,
-        sum(stats.dropped.values()),
-        format_dropped(stats),
-        stats.truncated,
-        cutoff_len,
-    )
-    for p in stats.problems[:MAX_LOGGED_PROBLEMS]:
-        logger.warning("  %s", format_problem(p))
-    if len(stats.problems) > MAX_LOGGED_PROBLEMS:
-        logger.warning(
-            "  ... and %d more (all listed by `lmstack check`)", len(stats.problems) - MAX_LOGGED_PROBLEMS
-        )
-
-
-def encode_options(cfg: Config) -> EncodeOptions:
-    return EncodeOptions(
-        stage=cfg.finetuning.stage,
-        cutoff_len=cfg.data.cutoff_len,
-        train_on_prompt=cfg.data.train_on_prompt,
-        mask_history=cfg.data.mask_history,
-        default_system=cfg.data.default_system,
-        enable_thinking=cfg.data.enable_thinking,
-        preserve_thinking=cfg.data.preserve_thinking,
-    )
-
-
 def read_limited(attr: DatasetAttr, max_samples: int | None) -> list[RawRecord]:
     records = read_records(attr)
     if max_samples is not None and len(records) > max_samples:
@@ -266,7 +199,7 @@ def load_split(
     for attr in get_dataset_attrs(names, cfg.data.dataset_dir, field_name):
         check_ranking(attr, cfg.finetuning.stage)
         data, stats = load_one(cfg, attr, tokenizer, template)
-        _log_stats(stats, cfg.data.cutoff_len)
+        log_stats(stats, cfg.data.cutoff_len)
         parts.append(apply_num_samples(data, attr, cfg.training.seed))
         all_stats.append(stats)
     if not mix or len(parts) == 1:
@@ -275,35 +208,6 @@ def load_split(
     return mix_datasets(
         parts, [s.name for s in all_stats], cfg.data.mix_strategy, probs, cfg.training.seed
     ), all_stats
-
-
-def check_ranking(attr: DatasetAttr, stage: str) -> None:
-    pairwise = stage in ("rm", "dpo")
-    if attr.ranking and not pairwise:
-        raise DataError(
-            f"dataset {attr.name}: a ranking (chosen/rejected) dataset cannot be used with stage "
-            f"{stage}; use stage rm or dpo, or pick an instruction dataset"
-        )
-    if pairwise and not attr.ranking:
-        raise DataError(
-            f'dataset {attr.name}: stage {stage} needs a ranking dataset ("ranking": true with '
-            "chosen/rejected columns in dataset_info.json)"
-        )
-
-
-def no_valid_samples(stats: list[DatasetStats]) -> DataError:
-    lines = ["no trainable record in the training data. Breakdown (kept / dropped by reason):"]
-    for s in stats:
-        lines.append(f"  {s.name}: {s.records} records, {s.kept} kept, dropped: {format_dropped(s)}")
-        for p in s.problems[:5]:
-            lines.append(f"    {format_problem(p)}")
-        if len(s.problems) > 5:
-            lines.append(f"    ... and {len(s.problems) - 5} more")
-    lines.append(
-        "Fix the records or the `columns`/`tags` mapping in dataset_info.json; "
-        "`lmstack check <config>` lists every problem."
-    )
-    return DataError("\n".join(lines))
 
 
 _no_valid_samples = no_valid_samples  # the name the vertical slice used
@@ -346,7 +250,11 @@ def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:
     if cfg.data.streaming:
         from lmstack.data.streaming import build_streaming
 
-        return build_streaming(cfg, tokenizer, template)
+        stream = build_streaming(cfg, tokenizer, template)
+        evals = None
+        if cfg.data.eval_dataset:
+            evals, _ = load_split(cfg, cfg.data.eval_dataset, "eval_dataset", tokenizer, template, mix=False)
+        return DataBundle(stream, evals if evals is not None and len(evals) else None, stream.stats)
     if cfg.data.tokenized_path:
         from lmstack.data import saved
 
@@ -379,6 +287,6 @@ def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:
 
 
 def _is_main_process() -> bool:
-    import os
+    from lmstack.launch.context import topology
 
-    return os.environ.get("RANK", "0") == "0"
+    return topology().is_main

@@ -25,6 +25,7 @@ from lmstack.data.formats import RecordError, convert
 from lmstack.data.loader import RawRecord, read_records
 from lmstack.data.mix import interleave_order, parse_probs
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
+from lmstack.data.stats import DatasetStats, check_ranking, encode_options, log_stats, no_valid_samples
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +49,6 @@ class StreamingDataset(_base_class()):  # type: ignore[misc]
         buffer_size: int,
         seed: int,
     ):
-        from lmstack.data.pipeline import DatasetStats
-
         self.sources, self.tokenizer, self.template, self.opts = sources, tokenizer, template, opts
         self.order, self.buffer_size, self.seed = order, buffer_size, seed
         self.passes = 0
@@ -93,8 +92,6 @@ class StreamingDataset(_base_class()):  # type: ignore[misc]
                 yield sample
 
     def __iter__(self) -> Iterator[dict]:
-        from lmstack.data.pipeline import DatasetStats, _log_stats
-
         self.stats = [DatasetStats(attr.name) for attr, _ in self.sources]
         rng = random.Random(self.seed + self.passes)
         self.passes += 1
@@ -109,12 +106,11 @@ class StreamingDataset(_base_class()):  # type: ignore[misc]
         rng.shuffle(buffer)
         yield from buffer
         for stats in self.stats:
-            _log_stats(stats, self.opts.cutoff_len)
+            log_stats(stats, self.opts.cutoff_len)
 
 
-def build_streaming(cfg: Config, tokenizer: Any, template: Any) -> Any:
-    from lmstack.data.pipeline import DataBundle, check_ranking, encode_options, load_split, no_valid_samples
-
+def build_streaming(cfg: Config, tokenizer: Any, template: Any) -> StreamingDataset:
+    """The training stream (the pipeline adds the evaluation split, which is always tokenized up front)."""
     if cfg.data.max_samples is not None:
         raise ConfigError(
             "max_samples: not available with streaming: true (a stream has no length); remove one"
@@ -141,10 +137,4 @@ def build_streaming(cfg: Config, tokenizer: Any, template: Any) -> Any:
         ", ".join(a.name for a, _ in sources),
         cfg.data.buffer_size,
     )
-    evals = None
-    if cfg.data.eval_dataset:
-        evals, eval_stats = load_split(
-            cfg, cfg.data.eval_dataset, "eval_dataset", tokenizer, template, mix=False
-        )
-        evals = evals if len(evals) else None
-    return DataBundle(stream, evals, stream.stats)
+    return stream

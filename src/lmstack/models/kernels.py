@@ -14,8 +14,6 @@ import logging
 import types
 from typing import Any
 
-from lmstack.config.schema import Config
-
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
 # rows per chunk: the tensors here peak at ~6 B x chunk x vocab (bf16 product + fp32 copy, then fp32 grad
@@ -180,28 +178,21 @@ def liger_forward_applied(model: Any) -> bool:
     return getattr(func, "__module__", "").startswith("liger_kernel")
 
 
-def apply_training_kernels(cfg: Config, model: Any, device_type: str) -> str:
-    """Training never materialises the logits: Liger's fused linear CE when models/load.py applied it,
-    else lmstack's chunked linear CE. Returns "liger", "chunked" or "none"."""
-    if liger_forward_applied(model):
+def apply_training_kernels(loss_kernel: str, model: Any) -> str:
+    """Apply the run plan's training loss: "liger" (models/load.py patched Liger's fused linear CE in),
+    "chunked" (lmstack's chunked linear CE replaces the training forward) or "none" (the model's own
+    loss). Returns what is in effect: a model whose head cannot take the chunked CE keeps its own loss,
+    with a warning."""
+    if loss_kernel == "liger":
+        if not liger_forward_applied(model):
+            raise RuntimeError("the run plan chose Liger's fused CE, but the model's forward is not Liger's")
         return "liger"
-    if cfg.training.deepspeed and _zero3(cfg.training.deepspeed):
-        # ZeRO-3 partitions the head weight and gathers it only inside the head module's own forward;
-        # the chunked CE reads it directly, so it would see a shard. Keep the stock loss there.
-        logger.info(
-            "fused cross-entropy: off under ZeRO-3 (partitioned output head); logits are materialised"
-        )
+    if loss_kernel == "chunked":
+        if apply_fused_ce(model):
+            logger.info("fused cross-entropy: lmstack's chunked linear CE (no [tokens x vocab] logits)")
+            return "chunked"
         return "none"
-    if apply_fused_ce(model):
-        logger.info("fused cross-entropy: lmstack's chunked linear CE (no [tokens x vocab] logits)")
-        return "chunked"
     return "none"
-
-
-def _zero3(path: str) -> bool:
-    from lmstack.launch.deepspeed import load_deepspeed_config, zero_stage
-
-    return zero_stage(load_deepspeed_config(path)) == 3
 
 
 def cast_adapters_to_base_dtype(model: Any) -> int:

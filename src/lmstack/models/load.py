@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +13,6 @@ from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
 
 logger = logging.getLogger(__name__)
-
-ATTN_IMPL = {
-    "disabled": "eager",
-    "sdpa": "sdpa",
-    "fa2": "flash_attention_2",
-    "fa3": "flash_attention_3",
-    "flex": "flex_attention",
-}
 
 
 def _looks_like_hub_id(name: str) -> bool:
@@ -60,7 +53,7 @@ def check_remote_code(path: Path, trust_remote_code: bool) -> None:
         )
 
 
-def _hub_kwargs(cfg: Config) -> dict:
+def hub_kwargs(cfg: Config) -> dict:
     token = cfg.model.hf_hub_token.get_secret_value() if cfg.model.hf_hub_token else None
     return {
         "cache_dir": cfg.model.cache_dir,
@@ -78,138 +71,83 @@ def load_tokenizer(cfg: Config) -> Any:
         use_fast=cfg.model.use_fast_tokenizer,
         split_special_tokens=cfg.model.split_special_tokens,
         padding_side="right",
-        **_hub_kwargs(cfg),
+        **hub_kwargs(cfg),
     )
     return tokenizer
 
 
-def attention_implementation(cfg: Config, device_type: str) -> str | None:
-    """Map `flash_attn` to transformers' attn_implementation; `auto` picks the best available."""
-    choice = cfg.model.flash_attn
-    if choice == "auto":
-        # packed rows on a GPU: flex_attention's document-causal BlockMask skips the masked blocks
-        # (3.7x faster than SDPA on a packed row, REFERENCE); SDPA with a dense mask is slower than padding
-        import importlib.util
+@dataclass(frozen=True)
+class ModelLoadSpec:
+    """What `load_model` needs, already decided by the run plan (RunPlan.model_spec)."""
 
-        has_fa2 = device_type == "cuda" and importlib.util.find_spec("flash_attn") is not None
-        packed = bool(cfg.data.packing or cfg.data.neat_packing)
-        if packed and device_type == "cuda" and not has_fa2:  # FA2 (varlen from position_ids) wins if present
-            logger.info("flash_attn: auto -> flex_attention (packed rows: document-causal BlockMask)")
-            return "flex_attention"
-        chosen = "flash_attention_2" if has_fa2 else "sdpa"
-        why = (
-            "flash-attn is installed"
-            if has_fa2
-            else "flash-attn not installed"
-            if device_type == "cuda"
-            else "CPU"
-        )
-        logger.info("flash_attn: auto -> %s (%s)", chosen, why)
-        return chosen
-    if choice in ("fa2", "fa3"):
-        import importlib.util
-
-        package = "flash_attn" if choice == "fa2" else "flash_attn_interface"
-        if device_type != "cuda" or importlib.util.find_spec(package) is None:
-            raise ConfigError(
-                f"flash_attn: {choice} needs a CUDA GPU and the `{package}` package "
-                f"(pip install flash-attn); use flash_attn: sdpa or auto instead"
-            )
-    return ATTN_IMPL[choice]
+    path: str
+    hub: dict  # cache_dir, revision, trust_remote_code, token
+    load_dtype: str  # bf16 | fp16 | fp32: the weights' dtype after loading
+    compute_dtype: str  # bf16 | fp16 | fp32: quantized matmuls compute in it
+    attention: str  # transformers' attn_implementation
+    liger: bool  # apply Liger's kernels
+    liger_fused_ce: bool  # ... including its fused linear cross-entropy
+    quantization: Any = None  # BitsAndBytesConfig or None
+    device_map: dict | None = None
+    train_from_scratch: bool = False
+    low_cpu_mem_usage: bool = True
+    resize_vocab: bool = False
+    seed: int = 42
 
 
-# stages whose loss needs the logits (pairwise / preference / RL): no fused linear cross-entropy
-LOGIT_STAGES = ("rm", "dpo", "kto", "ppo", "grpo")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def apply_liger_kernel(cfg: Config, model: Any, device_type: str = "cuda") -> bool:
-    """`enable_liger_kernel`: Liger's fused kernels for the model family; fused linear
-    cross-entropy only when the stage never needs the logits. Missing package or an unsupported
-    family -> a warning and training continues without it. Returns whether kernels were applied."""
-    if not cfg.model.enable_liger_kernel:
-        return False
-    if device_type != "cuda":
-        logger.warning(
-            "enable_liger_kernel: Liger's Triton kernels need a CUDA GPU; this %s run continues without them",
-            device_type,
-        )
-        return False
-    try:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
-        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
-    except ImportError:
-        logger.warning(
-            "enable_liger_kernel: the liger-kernel package is not installed (pip install liger-kernel); "
-            "training continues without Liger's kernels"
-        )
-        return False
-    model_type = getattr(model.config, "model_type", None)
-    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
-        logger.warning(
-            "enable_liger_kernel: Liger has no kernels for model type %r (supported: %s); "
-            "training continues without them",
-            model_type,
-            ", ".join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN)),
-        )
-        return False
-    fused_ce = cfg.finetuning.stage not in LOGIT_STAGES and not cfg.finetuning.compute_accuracy
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, DTYPES[name])
+
+
+def apply_liger_kernel(model: Any, fused_ce: bool) -> None:
+    """Liger's fused kernels for the model family (the run plan checked the package and the family);
+    fused linear cross-entropy only when the stage never needs the logits."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
     _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=fused_ce)
     logger.info(
         "enable_liger_kernel: Liger kernels applied to %s (%s)",
-        model_type,
+        model.config.model_type,
         "fused linear cross-entropy" if fused_ce else "no fused cross-entropy: this stage needs the logits",
     )
-    return True
 
 
-def compute_dtype(cfg: Config) -> Any:
-    import torch
-
-    if cfg.training.bf16:
-        return torch.bfloat16
-    if cfg.training.fp16:
-        return torch.float16
-    return torch.float32
-
-
-def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
-    """Weights are loaded in fp32 for mixed precision (master weights), or in the compute dtype for
-    frozen LoRA bases on GPU and for pure_bf16; the Trainer's autocast does the rest."""
-    import torch
+def load_model(spec: ModelLoadSpec, tokenizer: Any) -> Any:
+    """The causal LM through the real from_pretrained path, in the dtype, attention kernel and
+    quantization the run plan chose; the Trainer's autocast (if any) does the rest."""
     from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
     # `seed` covers init: random-init weights and adapter init (LoRA A) are the same in every
     # process and launch mode (one process, torchrun, accelerate), whatever ran before
-    set_seed(cfg.training.seed)
-    dtype = compute_dtype(cfg)
-    keep_half = (
-        cfg.finetuning.pure_bf16
-        or cfg.finetuning.use_badam  # BAdam keeps weights in half precision, fp32 copies of one block only
-        or (cfg.finetuning.finetuning_type == "lora" and device_type == "cuda")
-        or cfg.training.master_weights == "optimizer"  # fp32 masters live in the optimizer instead
-    )
-    load_dtype = dtype if keep_half else torch.float32
-    attn = attention_implementation(cfg, device_type)
-    config = AutoConfig.from_pretrained(cfg.model.model_name_or_path, **_hub_kwargs(cfg))
+    set_seed(spec.seed)
+    dtype = torch_dtype(spec.load_dtype)
+    config = AutoConfig.from_pretrained(spec.path, **spec.hub)
     config.use_cache = False  # training: a KV cache object disables packed-sequence detection
-    if cfg.model.train_from_scratch:
-        model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation=attn)
+    if spec.train_from_scratch:
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=spec.attention)
     else:
-        from lmstack.models.quantization import quantization_config, quantized_device_map
-
-        quant = quantization_config(cfg, dtype)
+        quant = (
+            {"quantization_config": spec.quantization, "device_map": spec.device_map}
+            if spec.quantization
+            else {}
+        )
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.model_name_or_path,
+            spec.path,
             config=config,
-            dtype=load_dtype,
-            attn_implementation=attn,
-            low_cpu_mem_usage=cfg.model.low_cpu_mem_usage,
-            **({"quantization_config": quant, "device_map": quantized_device_map(cfg)} if quant else {}),
-            **_hub_kwargs(cfg),
+            dtype=dtype,
+            attn_implementation=spec.attention,
+            low_cpu_mem_usage=spec.low_cpu_mem_usage,
+            **quant,
+            **spec.hub,
         )
     weight = model.get_input_embeddings().weight
     rows = getattr(weight, "ds_shape", weight.shape)[0]  # ZeRO-3 (zero.Init) leaves an empty local shard
-    if cfg.model.resize_vocab and rows < len(tokenizer):
+    if spec.resize_vocab and rows < len(tokenizer):
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
         logger.info("resized the vocabulary to %d", len(tokenizer))
     elif rows < len(tokenizer):
@@ -218,10 +156,8 @@ def load_model(cfg: Config, tokenizer: Any, device_type: str) -> Any:
             "set resize_vocab: true"
         )
     logger.info(
-        "loaded %s (%s, attention %s)",
-        cfg.model.model_name_or_path,
-        str(load_dtype).replace("torch.", ""),
-        model.config._attn_implementation,
+        "loaded %s (%s, attention %s)", spec.path, DTYPES[spec.load_dtype], model.config._attn_implementation
     )
-    apply_liger_kernel(cfg, model, device_type)
+    if spec.liger:
+        apply_liger_kernel(model, spec.liger_fused_ce)
     return model

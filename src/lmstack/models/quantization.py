@@ -6,10 +6,7 @@ The checks run in preflight, before data or weights load. The config object is w
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
 from lmstack.config.errors import ConfigError
@@ -18,26 +15,9 @@ from lmstack.config.schema import Config
 logger = logging.getLogger(__name__)
 
 
-def deepspeed_zero_stage(cfg: Config) -> int | None:
-    """ZeRO stage of the `deepspeed` JSON (None without DeepSpeed or when the file is unreadable)."""
-    if not cfg.training.deepspeed or not Path(cfg.training.deepspeed).is_file():
-        return None
-    try:
-        stage = (
-            json.loads(Path(cfg.training.deepspeed).read_text()).get("zero_optimization", {}).get("stage", 0)
-        )
-    except (json.JSONDecodeError, AttributeError):
-        return None
-    return int(stage) if str(stage).isdigit() else None
-
-
-def fsdp_enabled() -> bool:
-    """accelerate sets ACCELERATE_USE_FSDP in every process it launches with an FSDP config."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
-
-
-def check_quantization(cfg: Config) -> None:
-    """Everything about `quantization_bit` that can fail before the model loads."""
+def check_quantization(cfg: Config, sharded: bool, device: str, has_bitsandbytes: bool) -> None:
+    """Everything about `quantization_bit` that can fail before the model loads. `sharded`: ZeRO-3 or
+    FSDP (from the run plan); `device`: the plan's device."""
     bits = cfg.model.quantization_bit
     if bits is None:
         return
@@ -63,23 +43,18 @@ def check_quantization(cfg: Config) -> None:
             f"(quantization_bit: {bits}); give one adapter to resume, without create_new_adapter, "
             "or merge them first with `lmstack export`"
         )
-    sharded = deepspeed_zero_stage(cfg) == 3 or fsdp_enabled()
     if bits == 8 and sharded:
         raise ConfigError(
             "quantization_bit: 8-bit bases cannot be sharded by ZeRO-3/FSDP (deepspeed: "
             f"{cfg.training.deepspeed or 'FSDP via accelerate'}); use quantization_bit: 4 or ZeRO-2"
         )
-    import torch
-
-    if not torch.cuda.is_available() or cfg.training.use_cpu:
-        where = "use_cpu: true is set" if torch.cuda.is_available() else "no CUDA GPU is visible"
+    if device != "cuda":
+        where = "use_cpu: true is set" if cfg.training.use_cpu else "no CUDA GPU is visible"
         raise ConfigError(
             f"quantization_bit: got {bits}, but {where}; bitsandbytes QLoRA needs a CUDA GPU. "
             "Remove quantization_bit to train LoRA on an unquantized base, or run on a GPU machine"
         )
-    import importlib.util
-
-    if importlib.util.find_spec("bitsandbytes") is None:
+    if not has_bitsandbytes:
         raise ConfigError(
             f"quantization_bit: {bits} needs the bitsandbytes package; pip install bitsandbytes"
         )
@@ -110,12 +85,12 @@ def quantization_config(cfg: Config, compute_dtype: Any) -> Any:
     )
 
 
-def quantized_device_map(cfg: Config) -> dict | None:
+def quantized_device_map(bits: int | None, sharded: bool, local_rank: int) -> dict | None:
     """bitsandbytes quantizes while loading, on the device each weight is placed on: this process's GPU.
-    Under ZeRO-3 / FSDP the sharding engine places the weights, so no map is given."""
-    if cfg.model.quantization_bit is None or deepspeed_zero_stage(cfg) == 3 or fsdp_enabled():
+    Under ZeRO-3 / FSDP (`sharded`) the sharding engine places the weights, so no map is given."""
+    if bits is None or sharded:
         return None
-    return {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    return {"": local_rank}
 
 
 def describe(cfg: Config) -> str:

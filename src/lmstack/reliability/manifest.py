@@ -83,7 +83,12 @@ def data_files(cfg: Config) -> dict[str, dict[str, Any]]:
     return files
 
 
-def build_run_manifest(cfg: Config, resumed_from: str | None = None) -> dict[str, Any]:
+def build_run_manifest(
+    cfg: Config, resumed_from: str | None = None, plan: dict | None = None
+) -> dict[str, Any]:
+    from lmstack.launch.context import topology
+
+    world = plan["decisions"]["world_size"] if plan else topology().world_size
     return {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": [redact(a) for a in sys.argv],
@@ -93,14 +98,15 @@ def build_run_manifest(cfg: Config, resumed_from: str | None = None) -> dict[str
         "lmstack_git_commit": git_commit(),
         "data_files": data_files(cfg),
         "hardware": hardware(),
-        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "world_size": world,
+        "plan": plan,  # RunPlan.to_dict(): every derived decision and its reason
     }
 
 
-def write_run_manifest(cfg: Config, resumed_from: str | None = None) -> Path:
+def write_run_manifest(cfg: Config, resumed_from: str | None = None, plan: dict | None = None) -> Path:
     """Written at train start (rank 0); a resumed run keeps the earlier starts under `previous`."""
     path = Path(cfg.training.output_dir) / RUN_MANIFEST
-    manifest = build_run_manifest(cfg, resumed_from)
+    manifest = build_run_manifest(cfg, resumed_from, plan)
     if resumed_from and path.is_file():
         try:
             old = json.loads(path.read_text())

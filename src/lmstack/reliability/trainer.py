@@ -115,9 +115,12 @@ def _make_callback(trainer: Any) -> Any:
 class ReliableMixin:
     """Mixed in before a transformers/TRL Trainer class; see the module docstring."""
 
-    def __init__(self, *args: Any, lmstack_cfg: Config, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, lmstack_cfg: Config, lmstack_plan: dict | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._lm_cfg = lmstack_cfg
+        self._lm_plan = lmstack_plan  # RunPlan.to_dict(): recorded in run_manifest.json
         if lmstack_cfg.training.on_nonfinite == "skip" and lmstack_cfg.training.deepspeed:
             raise ConfigError(
                 "on_nonfinite: skip does not work with deepspeed (its engine steps the optimizer); "
@@ -138,7 +141,7 @@ class ReliableMixin:
         if self.args.should_save:
             from lmstack.reliability.manifest import write_run_manifest
 
-            write_run_manifest(self._lm_cfg, resumed_from=resume_from_checkpoint)
+            write_run_manifest(self._lm_cfg, resumed_from=resume_from_checkpoint, plan=self._lm_plan)
         if isinstance(resume_from_checkpoint, str):
             self._lm_check_layout(Path(resume_from_checkpoint))
         self._lm_signals.install()

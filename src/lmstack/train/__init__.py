@@ -1,55 +1,55 @@
-"""Training stages: one file per stage, each `run(cfg) -> metrics`."""
+"""Training stages: one file per stage, each `run(plan) -> metrics` (plan: the resolved RunPlan)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from lmstack.config.schema import Config
+from lmstack.plan.runplan import RunPlan
 
 
-def _sft(cfg: Config) -> dict:
+def _sft(plan: RunPlan) -> dict:
     from lmstack.train import sft
 
-    return sft.run(cfg)
+    return sft.run(plan)
 
 
-def _pt(cfg: Config) -> dict:
+def _pt(plan: RunPlan) -> dict:
     from lmstack.train import pt
 
-    return pt.run(cfg)
+    return pt.run(plan)
 
 
-def _rm(cfg: Config) -> dict:
+def _rm(plan: RunPlan) -> dict:
     from lmstack.train import rm
 
-    return rm.run(cfg)
+    return rm.run(plan)
 
 
-def _dpo(cfg: Config) -> dict:
+def _dpo(plan: RunPlan) -> dict:
     from lmstack.train import dpo
 
-    return dpo.run(cfg)
+    return dpo.run(plan)
 
 
-def _kto(cfg: Config) -> dict:
+def _kto(plan: RunPlan) -> dict:
     from lmstack.train import kto
 
-    return kto.run(cfg)
+    return kto.run(plan)
 
 
-def _ppo(cfg: Config) -> dict:
+def _ppo(plan: RunPlan) -> dict:
     from lmstack.train import ppo
 
-    return ppo.run(cfg)
+    return ppo.run(plan)
 
 
-def _grpo(cfg: Config) -> dict:
+def _grpo(plan: RunPlan) -> dict:
     from lmstack.train import grpo
 
-    return grpo.run(cfg)
+    return grpo.run(plan)
 
 
-STAGES: dict[str, Callable[[Config], dict]] = {
+STAGES: dict[str, Callable[[RunPlan], dict]] = {
     "pt": _pt,
     "sft": _sft,
     "rm": _rm,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import save_config
 from lmstack.config.schema import Config
-from lmstack.launch.prepare import deepspeed_for_trainer
+from lmstack.plan.runplan import RunPlan
 
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "lmstack_config.yaml"
@@ -35,35 +34,9 @@ OWN_OUTPUTS = (
 )
 
 
-def device_type(cfg: Config) -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() and not cfg.training.use_cpu else "cpu"
-
-
-def check_precision(cfg: Config, device: str) -> None:
-    if cfg.training.bf16 and cfg.training.fp16:
-        raise ConfigError("bf16 and fp16: set only one of them")
-    if cfg.training.fp16 and device == "cpu":
-        raise ConfigError(
-            "fp16: needs a CUDA GPU (fp16 mixed precision does not run on CPU); use bf16: true, "
-            "which runs on CPU through autocast, or no mixed precision"
-        )
-    if cfg.training.bf16 and device == "cuda":
-        import torch
-
-        if not torch.cuda.is_bf16_supported():
-            raise ConfigError("bf16: this GPU has no bf16 support; use fp16: true")
-
-
-def start_run(cfg: Config) -> tuple[str, str | None]:
-    """Every stage's first step: the device, precision checks, the output dir; returns (device, resume)."""
-    from lmstack.train.master_weights import master_weights_mode
-
-    device = device_type(cfg)
-    check_precision(cfg, device)
-    cfg.training.master_weights = master_weights_mode(cfg, device)  # auto -> model | optimizer
-    return device, prepare_output_dir(cfg)
+def start_run(plan: RunPlan) -> str | None:
+    """Every stage's first step: the output dir; returns the checkpoint to resume from (or None)."""
+    return prepare_output_dir(plan.cfg, plan.is_main)
 
 
 def last_checkpoint(output_dir: Path) -> Path | None:
@@ -71,13 +44,13 @@ def last_checkpoint(output_dir: Path) -> Path | None:
     return max(ckpts, key=lambda p: int(p.name.split("-")[-1])) if ckpts else None
 
 
-def prepare_output_dir(cfg: Config) -> str | None:
+def prepare_output_dir(cfg: Config, is_main: bool = True) -> str | None:
     """Returns the checkpoint to resume from (or None). Refuses to mix runs silently."""
     from lmstack.reliability.checkpoint import clean_staging, select_resume_checkpoint, verify_checkpoint
 
     out = Path(cfg.training.output_dir)
     resume = cfg.training.resume_from_checkpoint
-    if os.environ.get("RANK", "0") == "0":
+    if is_main:
         clean_staging(out)  # folders of saves killed midway
     if resume == "auto":
         found = select_resume_checkpoint(out)  # newest with a valid manifest; skipped ones are logged
@@ -110,9 +83,12 @@ def prepare_output_dir(cfg: Config) -> str | None:
     return None
 
 
-def training_arguments(cfg: Config, device: str) -> Any:
+def training_arguments(plan: RunPlan) -> Any:
+    """The Trainer's arguments: the YAML's training fields plus the plan's precision, DeepSpeed/FSDP
+    and device (never re-derived here)."""
     from transformers import TrainingArguments
 
+    cfg = plan.cfg
     t = cfg.training
     kwargs: dict[str, Any] = dict(
         output_dir=t.output_dir,
@@ -131,8 +107,8 @@ def training_arguments(cfg: Config, device: str) -> Any:
         num_train_epochs=t.num_train_epochs,
         max_steps=t.max_steps,
         lr_scheduler_type=t.lr_scheduler_type,
-        bf16=t.bf16 and not cfg.finetuning.pure_bf16,
-        fp16=t.fp16,
+        bf16=plan.precision.autocast == "bf16",
+        fp16=plan.precision.autocast == "fp16",
         seed=t.seed,
         data_seed=t.seed,
         logging_steps=t.logging_steps,
@@ -146,10 +122,10 @@ def training_arguments(cfg: Config, device: str) -> Any:
         dataloader_num_workers=t.dataloader_num_workers,
         ddp_timeout=t.ddp_timeout,
         ddp_find_unused_parameters=t.ddp_find_unused_parameters,
-        deepspeed=deepspeed_for_trainer(cfg),  # validated JSON, lmstack's own "auto" resolved
+        deepspeed=plan.deepspeed.config if plan.deepspeed else None,  # validated once by the plan
         torch_compile=t.torch_compile,
         disable_tqdm=t.disable_tqdm,
-        use_cpu=device == "cpu",
+        use_cpu=plan.device == "cpu",
         remove_unused_columns=False,
         include_num_input_tokens_seen="non_padding",
         logging_nan_inf_filter=False,  # a NaN/Inf loss is logged as such (on_nonfinite decides what happens)
@@ -160,6 +136,8 @@ def training_arguments(cfg: Config, device: str) -> Any:
         kwargs.update(warmup_ratio=t.warmup_ratio, warmup_steps=t.warmup_steps)
     else:
         kwargs["warmup_steps"] = t.warmup_steps if t.warmup_steps > 0 else t.warmup_ratio
+    if plan.fsdp is not None and plan.fsdp.source == "yaml":
+        kwargs.update(fsdp=t.fsdp, fsdp_config=t.fsdp_config)
     if t.logging_dir and "logging_dir" in fields:
         kwargs["logging_dir"] = t.logging_dir
     if "train_sampling_strategy" not in fields:
@@ -167,12 +145,11 @@ def training_arguments(cfg: Config, device: str) -> Any:
     return TrainingArguments(**{k: v for k, v in kwargs.items() if k in fields})
 
 
-def enable_gradient_checkpointing(cfg: Config, model: Any) -> None:
-    gc = cfg.training.gradient_checkpointing
-    if cfg.model.disable_gradient_checkpointing or gc is False:
+def enable_gradient_checkpointing(plan: RunPlan, model: Any) -> None:
+    """Recompute activations in backward when the plan says so (auto already resolved there)."""
+    if not plan.checkpointing:
         return
-    if gc == "auto":
-        raise ConfigError("gradient_checkpointing: auto must be resolved before the model is built")
+    cfg = plan.cfg
     # transformers >= 5.2x renamed it activation_checkpointing_enable; older 5.x only has the old name
     kwargs = {"use_reentrant": cfg.model.use_reentrant_gc}
     if hasattr(model, "activation_checkpointing_enable"):
@@ -197,7 +174,7 @@ def tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
 
 
 def build_trainer(
-    cfg: Config, model: Any, tokenizer: Any, train: Any, evals: Any, collator: Any, args: Any
+    plan: RunPlan, model: Any, tokenizer: Any, train: Any, evals: Any, collator: Any, args: Any
 ) -> Any:
     """transformers.Trainer made reliable (staged checkpoints + manifest, SIGTERM save, on_nonfinite),
     with lmstack's callbacks and the method optimizer (LoRA+, GaLore, APOLLO, BAdam, Muon) if any."""
@@ -207,8 +184,9 @@ def build_trainer(
     from lmstack.train.master_weights import with_master_weights
     from lmstack.train.optimizers import create_optimizer, method_callbacks
 
+    cfg = plan.cfg
     trainer_cls = reliable(Trainer)
-    if cfg.training.master_weights == "optimizer":  # bf16 model, fp32 masters in the optimizer
+    if plan.precision.master_weights == "optimizer":  # bf16 model, fp32 masters in the optimizer
         trainer_cls = with_master_weights(trainer_cls)
     return trainer_cls(
         lmstack_cfg=cfg,
@@ -317,17 +295,20 @@ def _hms(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def train_and_save(cfg: Config, trainer: Any, resume: str | None, plot_keys: tuple[str, ...] = ()) -> dict:
+def train_and_save(plan: RunPlan, trainer: Any, resume: str | None, plot_keys: tuple[str, ...] = ()) -> dict:
     """Every Trainer-based stage's last step: train (resuming when asked), write the outputs (plots of
     the loss and of the stage's own `plot_keys` with `plot_loss`); returns the train metrics."""
+    cfg = plan.cfg
     result = trainer.train(resume_from_checkpoint=resume)
-    save_outputs(cfg, trainer, result, plot_keys)
+    save_outputs(plan, trainer, result, plot_keys)
     logger.info("outputs written to %s", cfg.training.output_dir)
     return dict(result.metrics)
 
 
-def save_outputs(cfg: Config, trainer: Any, train_result: Any, plot_keys: tuple[str, ...] = ()) -> None:
-    """Final model/adapter + tokenizer, trainer_state.json, *_results.json, plots."""
+def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tuple[str, ...] = ()) -> None:
+    """Final model/adapter + tokenizer, trainer_state.json, *_results.json, plots; the resolved config
+    and the run plan in lmstack_config.yaml / run_manifest.json."""
+    cfg = plan.cfg
     from lmstack.train.adapter_save import save_model
 
     save_model(trainer)  # a LoRA adapter is checked on disk: an empty one is an error
@@ -340,13 +321,11 @@ def save_outputs(cfg: Config, trainer: Any, train_result: Any, plot_keys: tuple[
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
     if trainer.is_world_process_zero():
-        save_config(cfg, Path(cfg.training.output_dir) / CONFIG_FILE)
+        save_config(cfg, Path(cfg.training.output_dir) / CONFIG_FILE, plan_lines=plan.describe())
         from lmstack.reliability.manifest import RUN_MANIFEST, write_run_manifest
 
-        if not (
-            Path(cfg.training.output_dir) / RUN_MANIFEST
-        ).is_file():  # `reliable` trainers wrote it at start
-            write_run_manifest(cfg)
+        if not (Path(cfg.training.output_dir) / RUN_MANIFEST).is_file():  # `reliable` trainers wrote it
+            write_run_manifest(cfg, plan=plan.to_dict())
         if cfg.finetuning.plot_loss:
             from lmstack.train.plots import plot_metrics
 

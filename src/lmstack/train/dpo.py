@@ -14,11 +14,11 @@ from typing import Any
 
 from trl import DPOConfig, DPOTrainer
 
-from lmstack.config.schema import Config
 from lmstack.data.encode import IGNORE_INDEX
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import load_model
+from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.trainer import reliable
 from lmstack.train import common, rlhf
 
@@ -26,30 +26,33 @@ logger = logging.getLogger(__name__)
 REFERENCE_FREE = ("orpo", "simpo")
 
 
-def run(cfg: Config) -> dict:
-    device, resume = common.start_run(cfg)
+def run(plan: RunPlan) -> dict:
+    cfg = plan.cfg
+    resume = common.start_run(plan)
 
     tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
     train_ds = rlhf.to_dataset(data.train, rlhf.pairwise_columns)
     eval_ds = rlhf.to_dataset(data.eval, rlhf.pairwise_columns) if data.eval is not None else None
 
-    model = load_model(cfg, tokenizer, device)
-    common.enable_gradient_checkpointing(cfg, model)
+    model = load_model(plan.model_spec(), tokenizer)
+    common.enable_gradient_checkpointing(plan, model)
     model = setup_finetuning(cfg, model)
     loss = cfg.finetuning.pref_loss
-    ref_model = rlhf.reference_model(cfg, tokenizer, device, needs_reference=loss not in REFERENCE_FREE)
+    ref_model = rlhf.reference_model(plan, tokenizer, needs_reference=loss not in REFERENCE_FREE)
 
-    trainer = build_trainer(cfg, device, model, ref_model, tokenizer, train_ds, eval_ds)
-    return common.train_and_save(cfg, trainer, resume, ("rewards/accuracies", "rewards/margins"))
+    trainer = build_trainer(plan, model, ref_model, tokenizer, train_ds, eval_ds)
+    return common.train_and_save(plan, trainer, resume, ("rewards/accuracies", "rewards/margins"))
 
 
 def build_trainer(
-    cfg: Config, device: str, model: Any, ref_model: Any, tokenizer: Any, train_ds: Any, eval_ds: Any
+    plan: RunPlan, model: Any, ref_model: Any, tokenizer: Any, train_ds: Any, eval_ds: Any
 ) -> Any:
+    cfg = plan.cfg
     ft = cfg.finetuning
     common_kwargs = dict(
         lmstack_cfg=cfg,  # every trainer below is `reliable`: staged checkpoints, SIGTERM save, on_nonfinite
+        lmstack_plan=plan.to_dict(),
         model=model,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
@@ -59,14 +62,13 @@ def build_trainer(
     if ft.pref_loss == "orpo":
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-        args = rlhf.trl_config(cfg, device, ORPOConfig, beta=ft.pref_beta, max_length=cfg.data.cutoff_len)
+        args = rlhf.trl_config(plan, ORPOConfig, beta=ft.pref_beta, max_length=cfg.data.cutoff_len)
         return reliable(_rows_trainer(ORPOTrainer))(args=args, **common_kwargs)
     if ft.pref_loss == "simpo":
         from trl.experimental.cpo import CPOConfig, CPOTrainer
 
         args = rlhf.trl_config(
-            cfg,
-            device,
+            plan,
             CPOConfig,
             loss_type="simpo",
             beta=ft.pref_beta,
@@ -87,8 +89,7 @@ def build_trainer(
     if ft.pref_ftx > 0:
         loss_types, weights = loss_types + ["sft"], weights + [ft.pref_ftx]
     args = rlhf.trl_config(
-        cfg,
-        device,
+        plan,
         DPOConfig,
         beta=ft.pref_beta,
         loss_type=loss_types,

@@ -18,15 +18,16 @@ from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
-from lmstack.config.schema import Config
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import load_model
+from lmstack.plan.runplan import RunPlan
 from lmstack.train import common, rlhf
 
 
-def run(cfg: Config) -> dict:
-    device, resume = common.start_run(cfg)
+def run(plan: RunPlan) -> dict:
+    cfg, device = plan.cfg, plan.device
+    resume = common.start_run(plan)
     reward_funcs = rlhf.reward_functions(cfg)
 
     tokenizer, template = common.tokenizer_and_template(cfg)
@@ -40,15 +41,14 @@ def run(cfg: Config) -> dict:
     if cfg.finetuning.reward_model:
         reward_funcs.append(reward_model_func(cfg.finetuning.reward_model, tokenizer, device))
 
-    model = load_model(cfg, tokenizer, device)
-    common.enable_gradient_checkpointing(cfg, model)
+    model = load_model(plan.model_spec(), tokenizer)
+    common.enable_gradient_checkpointing(plan, model)
     model = setup_finetuning(cfg, model)
 
     g = cfg.generating
     config_cls, trainer_cls = TRAINERS[cfg.finetuning.stage]
     args = rlhf.trl_config(
-        cfg,
-        device,
+        plan,
         config_cls,
         num_generations=cfg.finetuning.num_generations,
         max_completion_length=g.max_new_tokens,
@@ -69,7 +69,7 @@ def run(cfg: Config) -> dict:
         processing_class=tokenizer,
         callbacks=common.make_callbacks(cfg),
     )
-    return common.train_and_save(cfg, trainer, resume, ("reward",))
+    return common.train_and_save(plan, trainer, resume, ("reward",))
 
 
 class _TemplatePrompts:

@@ -12,19 +12,20 @@ import random
 
 from trl import KTOConfig, KTOTrainer
 
-from lmstack.config.schema import Config
 from lmstack.data.encode_pref import split_row
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import load_model
+from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.trainer import reliable
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
 
 
-def run(cfg: Config) -> dict:
-    device, resume = common.start_run(cfg)
+def run(plan: RunPlan) -> dict:
+    cfg = plan.cfg
+    resume = common.start_run(plan)
 
     tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
@@ -36,15 +37,14 @@ def run(cfg: Config) -> dict:
     desirable = sum(train_ds["label"])
     logger.info("kto data: %d desirable, %d undesirable", desirable, len(train_ds) - desirable)
 
-    model = load_model(cfg, tokenizer, device)
-    common.enable_gradient_checkpointing(cfg, model)
+    model = load_model(plan.model_spec(), tokenizer)
+    common.enable_gradient_checkpointing(plan, model)
     model = setup_finetuning(cfg, model)
-    ref_model = rlhf.reference_model(cfg, tokenizer, device)
+    ref_model = rlhf.reference_model(plan, tokenizer)
 
     ft = cfg.finetuning
     args = rlhf.trl_config(
-        cfg,
-        device,
+        plan,
         KTOConfig,
         beta=ft.pref_beta,
         desirable_weight=ft.kto_chosen_weight,
@@ -54,6 +54,7 @@ def run(cfg: Config) -> dict:
     )
     trainer = reliable(PretokenizedKTOTrainer)(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
         lmstack_cfg=cfg,
+        lmstack_plan=plan.to_dict(),
         model=model,
         ref_model=ref_model,
         args=args,
@@ -64,7 +65,7 @@ def run(cfg: Config) -> dict:
     )
     rlhf.drop_trl_ref_adapter(cfg, trainer.model)
     return common.train_and_save(
-        cfg, trainer, resume, ("rewards/chosen", "rewards/rejected", "rewards/margins")
+        plan, trainer, resume, ("rewards/chosen", "rewards/rejected", "rewards/margins")
     )
 
 

@@ -4,37 +4,24 @@ which fields combine, which need which precision, launcher and stage. Errors nam
 from __future__ import annotations
 
 import logging
-import os
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
-from lmstack.models.quantization import deepspeed_zero_stage
+from lmstack.config.stages import stage_spec, stages_where
 
 logger = logging.getLogger(__name__)
 
 MEMORY_OPTIMIZERS = ("use_galore", "use_apollo", "use_badam", "use_muon")
 ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused")
 PACKAGES = {"use_galore": "galore-torch", "use_apollo": "apollo-torch", "use_badam": "badam"}
-# stages whose Trainer takes create_optimizer() and method_callbacks(); add a stage here when it does
-WIRED_STAGES = ("sft", "pt")
 
 
-def normalize_optim(cfg: Config) -> None:
-    """`optim: muon` (seed 003 §10.10) and `use_muon: true` (LF) mean the same thing."""
-    if cfg.training.optim == "muon":
-        logger.info("optim: muon -> use_muon: true (Muon for 2-D weights, AdamW for the rest)")
-        cfg.finetuning.use_muon = True
-        cfg.training.optim = "adamw_torch"
-    elif cfg.training.optim.startswith("muon"):
-        raise ConfigError(
-            f"optim: got {cfg.training.optim!r}; lmstack's Muon is `optim: muon` (torch.optim.Muon)"
-        )
-
-
-def check_methods(cfg: Config) -> None:
-    """Combination rules for LoRA variants and memory-saving optimizers; errors name both fields."""
-    normalize_optim(cfg)
+def check_methods(cfg: Config, world_size: int, zero_stage: int | None) -> None:
+    """Combination rules for LoRA variants and memory-saving optimizers; errors name both fields.
+    `cfg` is the run plan's config (`optim: muon` already read as use_muon), the rest the plan's facts."""
     ft, t = cfg.finetuning, cfg.training
+    if t.optim.startswith("muon"):
+        raise ConfigError(f"optim: got {t.optim!r}; lmstack's Muon is `optim: muon` (torch.optim.Muon)")
     on = [name for name in MEMORY_OPTIMIZERS if getattr(ft, name)]
     if len(on) > 1:
         raise ConfigError(f"{on[0]} and {on[1]}: use one memory-saving optimizer at a time; remove one")
@@ -63,9 +50,9 @@ def check_methods(cfg: Config) -> None:
     if ft.create_new_adapter and not cfg.model.adapter_name_or_path:
         raise ConfigError("create_new_adapter: needs adapter_name_or_path (the adapters to merge first)")
     needs_wiring = on + [f for f in ("loraplus_lr_ratio", "pissa_convert") if getattr(ft, f)]
-    if needs_wiring and ft.stage not in WIRED_STAGES:
+    if needs_wiring and not stage_spec(ft.stage).method_optimizers:
         raise ConfigError(
-            f"{needs_wiring[0]}: not available for stage: {ft.stage} yet (stages: {' | '.join(WIRED_STAGES)}); "
+            f"{needs_wiring[0]}: not available for stage: {ft.stage} yet (stages: {' | '.join(stages_where('method_optimizers'))}); "
             "remove it or use one of those stages"
         )
     if not on:
@@ -84,7 +71,7 @@ def check_methods(cfg: Config) -> None:
             f"{name} and optim: {t.optim!r}: {name} replaces the optimizer; "
             f"leave optim at adamw_torch (allowed: {' | '.join(ADAMW_OPTIMS + _eight_bit(name))})"
         )
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    distributed = world_size > 1
     if name in ("use_galore", "use_apollo"):
         prefix = name.removeprefix("use_")
         if t.deepspeed:
@@ -100,7 +87,7 @@ def check_methods(cfg: Config) -> None:
                     f"{prefix}_layerwise: not supported with several processes; run one process"
                 )
     if name == "use_badam":
-        _check_badam(cfg, distributed)
+        _check_badam(cfg, distributed, zero_stage)
     if name == "use_muon":
         import torch
 
@@ -122,7 +109,7 @@ def _check_installed(name: str) -> None:
         raise ConfigError(f"{name}: needs the `{PACKAGES[name]}` package; pip install 'lmstack[optim]'")
 
 
-def _check_badam(cfg: Config, distributed: bool) -> None:
+def _check_badam(cfg: Config, distributed: bool, zero_stage: int | None) -> None:
     ft, t = cfg.finetuning, cfg.training
     if ft.finetuning_type != "full":
         raise ConfigError(
@@ -141,7 +128,7 @@ def _check_badam(cfg: Config, distributed: bool) -> None:
             "Trainer's gradient norm); use badam_mode: layer"
         )
     if distributed or t.deepspeed:
-        if deepspeed_zero_stage(cfg) != 3:
+        if zero_stage != 3:
             raise ConfigError(
                 f"use_badam and deepspeed: {t.deepspeed or 'none'}: distributed layer-wise BAdam runs only under "
                 "DeepSpeed ZeRO-3; use examples/deepspeed/ds_z3_config.json or one process"

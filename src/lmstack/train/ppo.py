@@ -34,14 +34,16 @@ from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import load_model
 from lmstack.models.value_head import ValueHeadModel, last_token, load_value_head_model
+from lmstack.plan.runplan import RunPlan
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
 CLIP, VF_COEF, GAMMA, LAM, INIT_KL, KL_HORIZON = 0.2, 0.1, 1.0, 0.95, 0.2, 10000
 
 
-def run(cfg: Config) -> dict:
-    device, resume = common.start_run(cfg)
+def run(plan: RunPlan) -> dict:
+    cfg, device = plan.cfg, plan.device
+    resume = common.start_run(plan)
     if resume is not None:
         logger.warning("resume_from_checkpoint: ppo does not resume yet; starting a fresh run")
     Path(cfg.training.output_dir).mkdir(parents=True, exist_ok=True)
@@ -51,9 +53,9 @@ def run(cfg: Config) -> dict:
     tokenizer, template = common.tokenizer_and_template(cfg)
     prompts = [row["input_ids"] for row in build_datasets(cfg, tokenizer, template).train.to_samples()]
 
-    backbone = setup_finetuning(cfg, load_model(cfg, tokenizer, device))
+    backbone = setup_finetuning(cfg, load_model(plan.model_spec(), tokenizer))
     policy = ValueHeadModel(backbone).to(device)
-    ref_model = rlhf.reference_model(cfg, tokenizer, device)
+    ref_model = rlhf.reference_model(plan, tokenizer)
     ft = cfg.finetuning
     reward_model = load_value_head_model(ft.reward_model, device=device).eval() if ft.reward_model else None
     reward_funcs = rlhf.reward_functions(cfg)

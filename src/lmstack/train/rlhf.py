@@ -7,23 +7,24 @@ import dataclasses
 import importlib
 import importlib.util
 import logging
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
+from lmstack.config.stages import stage_spec
 from lmstack.data.encode_pref import split_row
+from lmstack.plan.runplan import RunPlan
 from lmstack.train import common
 
 logger = logging.getLogger(__name__)
 
 
-def trl_config(cfg: Config, device: str, config_cls: type, **extra: Any) -> Any:
+def trl_config(plan: RunPlan, config_cls: type, **extra: Any) -> Any:
     """A TRL config (a TrainingArguments subclass) with every field our YAML sets, plus `extra`.
     TRL's own defaults (e.g. gradient_checkpointing=True, bf16=True) never leak in."""
-    base = common.training_arguments(cfg, device)
+    base = common.training_arguments(plan)
     names = {f.name for f in dataclasses.fields(config_cls) if f.init}
     kwargs = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init and f.name in names}
     kwargs.update({k: v for k, v in extra.items() if k in names})
@@ -52,12 +53,11 @@ def _frozen(model: Any) -> Any:
     return model
 
 
-def load_frozen_model(cfg: Config, path: str, adapters: str | None, tokenizer: Any, device: str) -> Any:
+def load_frozen_model(plan: RunPlan, path: str, adapters: str | None, tokenizer: Any) -> Any:
     """A frozen causal LM from `path` with `adapters` (comma-separated) merged in."""
     from lmstack.models.load import load_model
 
-    sub = cfg.model_copy(update={"model": cfg.model.model_copy(update={"model_name_or_path": path})})
-    model = load_model(sub, tokenizer, device)
+    model = load_model(plan.model_spec(path), tokenizer)
     if adapters:
         from peft import PeftModel
 
@@ -66,22 +66,21 @@ def load_frozen_model(cfg: Config, path: str, adapters: str | None, tokenizer: A
     return _frozen(model)
 
 
-def reference_model(cfg: Config, tokenizer: Any, device: str, needs_reference: bool = True) -> Any | None:
+def reference_model(plan: RunPlan, tokenizer: Any, needs_reference: bool = True) -> Any | None:
     """REFERENCE §2.3: `ref_model` if set; else LoRA -> None (the trainer disables the adapter: no
     second copy in memory); full/freeze -> a frozen copy of the starting model."""
+    cfg = plan.cfg
     ft = cfg.finetuning
     if not needs_reference:
         return None
     if ft.ref_model:
         logger.info("reference model: %s", ft.ref_model)
-        return load_frozen_model(cfg, ft.ref_model, ft.ref_model_adapters, tokenizer, device)
+        return load_frozen_model(plan, ft.ref_model, ft.ref_model_adapters, tokenizer)
     if ft.finetuning_type == "lora":
         logger.info("reference model: the base model with the LoRA adapter disabled (no copy)")
         return None
     logger.info("reference model: a frozen copy of %s", cfg.model.model_name_or_path)
-    return load_frozen_model(
-        cfg, cfg.model.model_name_or_path, cfg.model.adapter_name_or_path, tokenizer, device
-    )
+    return load_frozen_model(plan, cfg.model.model_name_or_path, cfg.model.adapter_name_or_path, tokenizer)
 
 
 def drop_trl_ref_adapter(cfg: Config, model: Any) -> None:
@@ -156,12 +155,13 @@ def check_stage_config(cfg: Config) -> None:
             raise ConfigError(
                 f"{name}: true is an sft setting and has no meaning for stage {stage}; remove it"
             )
-    if stage in ("ppo", "grpo", "rloo") and not ft.reward_model and not ft.reward_funcs:
+    spec = stage_spec(stage)
+    if spec.needs_reward and not ft.reward_model and not ft.reward_funcs:
         raise ConfigError(
             f"reward_model: stage {stage} needs a reward: set reward_model to the output_dir of a "
             "`stage: rm` run, or reward_funcs to 'pkg.module:function'"
         )
-    if ft.reward_model and stage in ("ppo", "grpo", "rloo"):
+    if ft.reward_model and spec.needs_reward:
         _check_reward_model(cfg)
     if ft.reward_model_adapters:
         raise ConfigError(
@@ -169,7 +169,7 @@ def check_stage_config(cfg: Config) -> None:
             "give that directory as reward_model and remove reward_model_adapters"
         )
     if ft.reward_funcs:
-        if stage in ("ppo", "grpo", "rloo"):
+        if spec.needs_reward:
             reward_functions(cfg)  # import now: a typo fails before the model loads
         else:
             logger.warning("reward_funcs: has no effect for stage %s (ppo and grpo use it)", stage)
@@ -196,11 +196,6 @@ def check_stage_config(cfg: Config) -> None:
         )
     if stage == "kto":
         _check_kto_datasets(cfg)
-    if stage == "ppo" and (t.deepspeed or int(os.environ.get("WORLD_SIZE", "1")) > 1):
-        raise ConfigError(
-            "stage: ppo runs in one process on one device (lmstack's compact PPO has no DeepSpeed or "
-            "multi-GPU path yet); remove deepspeed and launch without torchrun, or use stage: grpo"
-        )
 
 
 def _check_reward_model(cfg: Config) -> None:
@@ -235,7 +230,7 @@ def _check_reference(cfg: Config) -> None:
         )
     if not ft.ref_model:
         return
-    if stage not in ("dpo", "kto", "ppo"):
+    if not stage_spec(stage).reference:
         logger.warning("ref_model: has no effect for stage %s (dpo, kto and ppo use a reference)", stage)
     elif stage == "dpo" and ft.pref_loss in ("orpo", "simpo"):
         logger.warning(

@@ -12,34 +12,36 @@ from pathlib import Path
 
 from trl import RewardConfig, RewardTrainer
 
-from lmstack.config.schema import Config
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import load_model
 from lmstack.models.value_head import ValueHeadModel
+from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.trainer import reliable
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
 
 
-def run(cfg: Config) -> dict:
-    device, resume = common.start_run(cfg)
+def run(plan: RunPlan) -> dict:
+    cfg = plan.cfg
+    resume = common.start_run(plan)
 
     tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
     train_ds = rlhf.to_dataset(data.train, rows)
     eval_ds = rlhf.to_dataset(data.eval, rows) if data.eval is not None else None
 
-    backbone = load_model(cfg, tokenizer, device)
-    common.enable_gradient_checkpointing(cfg, backbone)
+    backbone = load_model(plan.model_spec(), tokenizer)
+    common.enable_gradient_checkpointing(plan, backbone)
     backbone = setup_finetuning(cfg, backbone)
     backbone.config.num_labels = 1  # one scalar per sequence (TRL checks it)
     model = ValueHeadModel(backbone)
 
-    args = rlhf.trl_config(cfg, device, RewardConfig, max_length=cfg.data.cutoff_len, disable_dropout=True)
+    args = rlhf.trl_config(plan, RewardConfig, max_length=cfg.data.cutoff_len, disable_dropout=True)
     trainer = reliable(ValueHeadRewardTrainer)(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
         lmstack_cfg=cfg,
+        lmstack_plan=plan.to_dict(),
         model=model,
         args=args,
         train_dataset=train_ds,
@@ -47,7 +49,7 @@ def run(cfg: Config) -> dict:
         processing_class=tokenizer,
         callbacks=common.make_callbacks(cfg),
     )
-    return common.train_and_save(cfg, trainer, resume, ("accuracy", "margin"))
+    return common.train_and_save(plan, trainer, resume, ("accuracy", "margin"))
 
 
 def rows(row: dict) -> dict:

@@ -2,33 +2,37 @@
 
 from __future__ import annotations
 
-from lmstack.config.schema import Config
-from lmstack.data.packing import pack_dataset, packing_enabled, row_capacity
-from lmstack.data.pipeline import build_datasets
+from lmstack.data.packing import pack_dataset
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.kernels import apply_training_kernels
 from lmstack.models.load import load_model
+from lmstack.plan.runplan import RunPlan
 from lmstack.train import common
 from lmstack.train.collators import PackedCollator
+from lmstack.train.stage_data import stage_datasets
 
 
-def run(cfg: Config) -> dict:
-    device, resume = common.start_run(cfg)
+def run(plan: RunPlan) -> dict:
+    cfg = plan.cfg
+    resume = common.start_run(plan)
 
     tokenizer, template = common.tokenizer_and_template(cfg)
-    data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
+    data = stage_datasets(plan, tokenizer, template)  # fails here, before the model loads, on bad data
     common.save_template_in_tokenizer(tokenizer, template)
     train_set, eval_set = data.train, data.eval
     collator = common.PadCollator(tokenizer.pad_token_id)
-    if packing_enabled(cfg):  # whole samples in rows, position ids restart, no cross-sample attention
-        train_set, eval_set = pack_dataset(cfg, data.train), pack_dataset(cfg, data.eval, eval_split=True)
-        collator = PackedCollator(tokenizer.pad_token_id, width=row_capacity(cfg))
+    if plan.packing:  # whole samples in rows, position ids restart, no cross-sample attention
+        train_set, eval_set = (
+            pack_dataset(train_set, plan.pack_spec()),
+            pack_dataset(eval_set, plan.pack_spec(True)),
+        )
+        collator = PackedCollator(tokenizer.pad_token_id, width=plan.row_capacity)
 
-    args = common.training_arguments(cfg, device)  # before the model: under ZeRO-3 it loads already sharded
-    model = load_model(cfg, tokenizer, device)
-    apply_training_kernels(cfg, model, device)  # fused linear CE: no [tokens x vocab] logits in training
-    common.enable_gradient_checkpointing(cfg, model)
+    args = common.training_arguments(plan)  # before the model: under ZeRO-3 it loads already sharded
+    model = load_model(plan.model_spec(), tokenizer)
+    apply_training_kernels(plan.loss_kernel, model)  # fused linear CE: no [tokens x vocab] logits in training
+    common.enable_gradient_checkpointing(plan, model)
     model = setup_finetuning(cfg, model)
 
-    trainer = common.build_trainer(cfg, model, tokenizer, train_set, eval_set, collator, args)
-    return common.train_and_save(cfg, trainer, resume)
+    trainer = common.build_trainer(plan, model, tokenizer, train_set, eval_set, collator, args)
+    return common.train_and_save(plan, trainer, resume)

@@ -1,0 +1,119 @@
+"""What the pipeline and the streaming reader share: per-dataset counts of every record kept, cut or
+dropped (with the reason), how they are logged and reported, and the stage's encoding options."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from lmstack.config.errors import DataError
+from lmstack.config.schema import Config
+from lmstack.config.stages import stage_spec
+from lmstack.data.encode import EncodeOptions
+from lmstack.data.registry import DatasetAttr
+from lmstack.data.tokenized import TokenizedDataset
+
+logger = logging.getLogger(__name__)
+MAX_LOGGED_PROBLEMS = 20
+
+
+@dataclass
+class DatasetStats:
+    name: str
+    records: int = 0
+    kept: int = 0
+    truncated: int = 0
+    dropped: Counter = field(default_factory=Counter)  # kind -> count
+    problems: list[dict] = field(default_factory=list)  # file, position, field, kind, reason
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "records": self.records,
+            "kept": self.kept,
+            "truncated": self.truncated,
+            "dropped": dict(self.dropped),
+            "problems": self.problems,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DatasetStats:
+        return cls(d["name"], d["records"], d["kept"], d["truncated"], Counter(d["dropped"]), d["problems"])
+
+
+@dataclass
+class DataBundle:
+    train: TokenizedDataset | None
+    eval: TokenizedDataset | None
+    stats: list[DatasetStats]
+
+
+def format_problem(p: dict) -> str:
+    """`file line 3, field conversations[1].from: unknown role: 'bot'; known: ...` (check and train)."""
+    where = f"{p['file']} {p['position']}" + (f", field {p['field']}" if p.get("field") else "")
+    return f"{where}: {p['reason']}"
+
+
+def format_dropped(stats: DatasetStats) -> str:
+    return ", ".join(f"{n} x {kind}" for kind, n in stats.dropped.most_common()) or "none"
+
+
+def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
+    logger.info(
+        "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d",
+        stats.name,
+        stats.records,
+        stats.kept,
+        sum(stats.dropped.values()),
+        format_dropped(stats),
+        stats.truncated,
+        cutoff_len,
+    )
+    for p in stats.problems[:MAX_LOGGED_PROBLEMS]:
+        logger.warning("  %s", format_problem(p))
+    if len(stats.problems) > MAX_LOGGED_PROBLEMS:
+        logger.warning(
+            "  ... and %d more (all listed by `lmstack check`)", len(stats.problems) - MAX_LOGGED_PROBLEMS
+        )
+
+
+def encode_options(cfg: Config) -> EncodeOptions:
+    return EncodeOptions(
+        stage=cfg.finetuning.stage,
+        cutoff_len=cfg.data.cutoff_len,
+        train_on_prompt=cfg.data.train_on_prompt,
+        mask_history=cfg.data.mask_history,
+        default_system=cfg.data.default_system,
+        enable_thinking=cfg.data.enable_thinking,
+        preserve_thinking=cfg.data.preserve_thinking,
+    )
+
+
+def check_ranking(attr: DatasetAttr, stage: str) -> None:
+    pairwise = stage_spec(stage).data == "pairwise"
+    if attr.ranking and not pairwise:
+        raise DataError(
+            f"dataset {attr.name}: a ranking (chosen/rejected) dataset cannot be used with stage "
+            f"{stage}; use stage rm or dpo, or pick an instruction dataset"
+        )
+    if pairwise and not attr.ranking:
+        raise DataError(
+            f'dataset {attr.name}: stage {stage} needs a ranking dataset ("ranking": true with '
+            "chosen/rejected columns in dataset_info.json)"
+        )
+
+
+def no_valid_samples(stats: list[DatasetStats]) -> DataError:
+    lines = ["no trainable record in the training data. Breakdown (kept / dropped by reason):"]
+    for s in stats:
+        lines.append(f"  {s.name}: {s.records} records, {s.kept} kept, dropped: {format_dropped(s)}")
+        for p in s.problems[:5]:
+            lines.append(f"    {format_problem(p)}")
+        if len(s.problems) > 5:
+            lines.append(f"    ... and {len(s.problems) - 5} more")
+    lines.append(
+        "Fix the records or the `columns`/`tags` mapping in dataset_info.json; "
+        "`lmstack check <config>` lists every problem."
+    )
+    return DataError("\n".join(lines))

@@ -1,0 +1,137 @@
+"""`LaunchContext.from_env()`: the one place that reads how this process was launched and what
+hardware and optional packages it sees (DESIGN "The run plan").
+
+Everything the YAML alone does not say lives here: the process topology (RANK, LOCAL_RANK,
+WORLD_SIZE, NODE_RANK, NNODES, FORCE_TORCHRUN), an accelerate FSDP launch (ACCELERATE_USE_FSDP and
+its FSDP_* variables), CUDA facts (devices, memory, bf16 support) and which optional accelerator
+packages are importable. The run plan (plan/runplan.py) and every part below it read this frozen
+object instead of `os.environ` or `torch.cuda`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# optional packages whose presence changes a run decision (module name as imported)
+OPTIONAL_PACKAGES = (
+    "flash_attn",
+    "flash_attn_interface",
+    "liger_kernel",
+    "deepspeed",
+    "bitsandbytes",
+    "unsloth",
+)
+FSDP_STRATEGY_IDS = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD"}
+
+
+def _true(value: str | None) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes")
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    try:
+        return int(raw) if raw not in (None, "") else default
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class FsdpLaunch:
+    """An accelerate FSDP launch, as its config reached this process through the environment."""
+
+    sharding: str = "FULL_SHARD"
+    version: int = 1
+    wrap_policy: str = "TRANSFORMER_BASED_WRAP"
+    wrap_classes: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    node_rank: int = 0
+    nnodes: int = 1
+    nproc_per_node: int | None = None  # NPROC_PER_NODE for lmstack's own torchrun relaunch
+    under_launcher: bool = False  # inside a torchrun / accelerate / deepspeed worker
+    force_torchrun: bool = False
+    accelerate_fsdp: FsdpLaunch | None = None
+    cuda: bool = False  # a CUDA device is visible
+    gpu_count: int = 0
+    gpu_memory_gib: float | None = None  # device 0's total memory
+    bf16_supported: bool = False
+    hostname: str = ""
+    packages: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, probe_cuda: bool = True) -> LaunchContext:
+        env = os.environ if env is None else env
+        cuda, count, memory, bf16 = False, 0, None, False
+        if probe_cuda:
+            import torch
+
+            if torch.cuda.is_available():
+                cuda, count = True, torch.cuda.device_count()
+                memory = torch.cuda.get_device_properties(0).total_memory / 2**30
+                bf16 = bool(torch.cuda.is_bf16_supported())
+        return cls(
+            rank=_int(env, "RANK", 0),
+            local_rank=_int(env, "LOCAL_RANK", 0),
+            world_size=max(_int(env, "WORLD_SIZE", 1), 1),
+            node_rank=_int(env, "NODE_RANK", 0),
+            nnodes=max(_int(env, "NNODES", 1), 1),
+            nproc_per_node=_int(env, "NPROC_PER_NODE", 0) or None,
+            under_launcher="LOCAL_RANK" in env or "WORLD_SIZE" in env,
+            force_torchrun=_true(env.get("FORCE_TORCHRUN", "0")),
+            accelerate_fsdp=_fsdp_launch(env),
+            cuda=cuda,
+            gpu_count=count,
+            gpu_memory_gib=memory,
+            bf16_supported=bf16,
+            hostname=socket.gethostname(),
+            packages=frozenset(p for p in OPTIONAL_PACKAGES if importlib.util.find_spec(p) is not None),
+        )
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        return self.local_rank == 0
+
+    def planned_world_size(self, cuda: bool) -> int:
+        """Processes the job will run with: the launcher's world size inside a worker; else what
+        lmstack's torchrun relaunch will start (FORCE_TORCHRUN, or several GPUs); else 1."""
+        if self.under_launcher:
+            return self.world_size
+        gpus = self.gpu_count if cuda else 0
+        if self.force_torchrun or gpus > 1:
+            return self.nnodes * (self.nproc_per_node or max(gpus, 1))
+        return 1
+
+    def has(self, package: str) -> bool:
+        return package in self.packages
+
+
+def _fsdp_launch(env: Mapping[str, str]) -> FsdpLaunch | None:
+    if not _true(env.get("ACCELERATE_USE_FSDP")):
+        return None
+    raw = str(env.get("FSDP_SHARDING_STRATEGY", "FULL_SHARD")).strip().upper()
+    return FsdpLaunch(
+        sharding=FSDP_STRATEGY_IDS.get(raw, raw),
+        version=_int(env, "FSDP_VERSION", 1),
+        wrap_policy=str(env.get("FSDP_AUTO_WRAP_POLICY", "TRANSFORMER_BASED_WRAP")).upper(),
+        wrap_classes=env.get("FSDP_TRANSFORMER_CLS_TO_WRAP", ""),
+    )
+
+
+def topology() -> LaunchContext:
+    """The process topology alone (no CUDA probe), for parts that run without a plan at hand:
+    logging setup, rank-0-only writes in library code called outside `lmstack train`."""
+    return LaunchContext.from_env(probe_cuda=False)

@@ -1,0 +1,240 @@
+"""The individual run decisions, each a small pure function of (config, launch context, stage spec)
+returning (value, reason). plan/runplan.py calls them once and freezes the results; nothing else
+re-derives them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmstack.config.errors import ConfigError
+from lmstack.config.schema import Config
+from lmstack.config.stages import StageSpec, stages_where
+from lmstack.launch.context import LaunchContext
+
+Reasoned = tuple  # (value, reason)
+
+
+def device(cfg: Config, ctx: LaunchContext) -> Reasoned:
+    if cfg.training.use_cpu:
+        return "cpu", "use_cpu: true"
+    return ("cuda", "a CUDA GPU is visible") if ctx.cuda else ("cpu", "no CUDA GPU visible")
+
+
+@dataclass(frozen=True)
+class Precision:
+    compute: str  # bf16 | fp16 | fp32: the dtype the model computes in
+    load: str  # dtype the weights are loaded in
+    autocast: str | None  # bf16 | fp16 | None: the Trainer's mixed-precision switch
+    master_weights: str  # model (fp32 weights under autocast or fp32 run) | optimizer (fp32 masters there)
+    reason: str
+
+
+def precision(
+    cfg: Config, ctx: LaunchContext, dev: str, spec: StageSpec, zero_stage: int | None, fsdp: bool
+) -> Precision:
+    t, ft = cfg.training, cfg.finetuning
+    if t.bf16 and t.fp16:
+        raise ConfigError("bf16 and fp16: set only one of them")
+    if t.fp16 and dev == "cpu":
+        raise ConfigError(
+            "fp16: needs a CUDA GPU (fp16 mixed precision does not run on CPU); use bf16: true, "
+            "which runs on CPU through autocast, or no mixed precision"
+        )
+    if ft.pure_bf16 and t.fp16:
+        raise ConfigError("pure_bf16 and fp16: pure_bf16 trains in bf16; remove fp16 (or pure_bf16)")
+    if (t.bf16 or ft.pure_bf16) and dev == "cuda" and not ctx.bf16_supported:
+        field = "pure_bf16" if ft.pure_bf16 else "bf16"
+        raise ConfigError(f"{field}: this GPU has no bf16 support; use fp16: true")
+    if ft.pure_bf16 and zero_stage == 3:
+        raise ConfigError(
+            "pure_bf16 and deepspeed ZeRO-3: not supported together (as in LLaMA-Factory); "
+            "remove pure_bf16 (ZeRO-3 keeps bf16 weights with fp32 masters itself) or use ZeRO-2"
+        )
+    compute = "bf16" if (t.bf16 or ft.pure_bf16) else "fp16" if t.fp16 else "fp32"
+    masters = master_weights(cfg, dev, spec, zero_stage, fsdp)
+    keep_half = (
+        ft.pure_bf16
+        or ft.use_badam  # BAdam keeps weights in half precision, fp32 copies of one block only
+        or (ft.finetuning_type == "lora" and dev == "cuda")
+        or masters == "optimizer"
+    )
+    load = compute if keep_half else "fp32"
+    if ft.pure_bf16:
+        return Precision("bf16", "bf16", None, "model", "pure_bf16: bf16 weights, no autocast, no fp32 copy")
+    autocast = "bf16" if t.bf16 else "fp16" if t.fp16 else None
+    reason = f"{autocast or 'no'} mixed precision, weights loaded in {load}"
+    return Precision(compute, load, autocast, masters, reason)
+
+
+def master_weight_blockers(cfg: Config, spec: StageSpec, zero_stage: int | None, fsdp: bool) -> list[str]:
+    """Why the optimizer-held master weights cannot be used for this config (empty: they can)."""
+    ft, t = cfg.finetuning, cfg.training
+    checks = [
+        (not spec.master_weights, f"stage: {' or '.join(stages_where('master_weights'))}"),
+        (not t.bf16, "bf16: true"),
+        (ft.finetuning_type not in ("full", "freeze"), "finetuning_type: full or freeze"),
+        (ft.pure_bf16, "pure_bf16: false (pure_bf16 keeps no fp32 master at all)"),
+        (zero_stage is not None, "no deepspeed (DeepSpeed keeps its own fp32 master weights)"),
+        (fsdp, "no FSDP (FSDP's MixedPrecision keeps its own fp32 master weights)"),
+        (cfg.model.quantization_bit is not None, "no quantization_bit"),
+        (
+            ft.use_galore or ft.use_apollo or ft.use_badam or ft.use_muon,
+            "the default AdamW optimizer (not GaLore/APOLLO/BAdam/Muon)",
+        ),
+        (t.gradient_accumulation_steps != 1, "gradient_accumulation_steps: 1"),
+        (t.optim not in ("adamw_torch", "adamw_torch_fused"), "optim: adamw_torch or adamw_torch_fused"),
+    ]
+    return [need for failed, need in checks if failed]
+
+
+def master_weights(cfg: Config, dev: str, spec: StageSpec, zero_stage: int | None, fsdp: bool) -> str:
+    """'optimizer' or 'model'; an explicit `optimizer` that cannot apply is an error."""
+    choice = cfg.training.master_weights
+    if choice == "model":
+        return "model"
+    blockers = master_weight_blockers(cfg, spec, zero_stage, fsdp)
+    if choice == "optimizer":
+        if blockers:
+            raise ConfigError(
+                f"master_weights: optimizer needs {'; '.join(blockers)}. Use master_weights: model "
+                "(classic AMP) or auto"
+            )
+        return "optimizer"
+    return "optimizer" if dev == "cuda" and not blockers else "model"
+
+
+def packing(cfg: Config, spec: StageSpec) -> Reasoned:
+    d = cfg.data
+    if d.neat_packing or d.packing:
+        field = "packing" if d.packing else "neat_packing"
+        if not spec.packs:
+            raise ConfigError(
+                f"{field}: supported for stage {' and '.join(stages_where('packs'))}, not {spec.name}; remove it"
+            )
+        if d.streaming:
+            raise ConfigError(
+                f"{field}: not supported with streaming: true yet (rows are packed from the whole "
+                "tokenized set); set streaming: false or packing: false"
+            )
+        return True, f"{field}: true"
+    if d.packing is None and spec.packs_by_default:
+        if d.streaming:
+            return False, f"stage {spec.name} packs by default, but streaming: true reads texts one by one"
+        return (
+            True,
+            f"stage {spec.name} packs by default (LLaMA-Factory's default; packing: false to turn off)",
+        )
+    return False, "packing: false" if d.packing is False else "packing unset"
+
+
+def row_capacity(cfg: Config, micro_batch: int | str) -> int:
+    """Tokens per packed row: cutoff_len, or max_tokens_per_batch split over the micro-batch rows."""
+    cutoff, budget = cfg.data.cutoff_len, cfg.training.max_tokens_per_batch
+    if budget is None:
+        return cutoff
+    if micro_batch == "auto":
+        raise ConfigError(
+            "per_device_train_batch_size: auto cannot be combined with max_tokens_per_batch (the "
+            "token budget already sets the rows); set one of them"
+        )
+    capacity = budget // micro_batch
+    if capacity < cutoff:
+        raise ConfigError(
+            f"max_tokens_per_batch: {budget} tokens over per_device_train_batch_size: {micro_batch} rows gives "
+            f"{capacity}-token rows, shorter than cutoff_len: {cutoff}; raise max_tokens_per_batch to at "
+            f"least {cutoff * micro_batch} or lower per_device_train_batch_size"
+        )
+    return capacity
+
+
+ATTN_IMPL = {
+    "disabled": "eager",
+    "sdpa": "sdpa",
+    "fa2": "flash_attention_2",
+    "fa3": "flash_attention_3",
+    "flex": "flex_attention",
+}
+
+
+def attention(cfg: Config, ctx: LaunchContext, dev: str, packed: bool) -> Reasoned:
+    """`flash_attn` -> transformers' attn_implementation; `auto` picks the best available."""
+    choice = cfg.model.flash_attn
+    if choice in ("fa2", "fa3"):
+        package = "flash_attn" if choice == "fa2" else "flash_attn_interface"
+        if dev != "cuda" or not ctx.has(package):
+            raise ConfigError(
+                f"flash_attn: {choice} needs a CUDA GPU and the `{package}` package "
+                f"(pip install flash-attn); use flash_attn: sdpa or auto instead"
+            )
+    if choice != "auto":
+        return ATTN_IMPL[choice], f"flash_attn: {choice}"
+    if dev == "cuda" and ctx.has("flash_attn"):
+        return "flash_attention_2", "flash_attn: auto, flash-attn is installed (varlen on packed rows)"
+    if dev == "cuda" and packed:
+        # flex_attention's document-causal BlockMask skips the masked blocks (3.7x SDPA on a packed row)
+        return "flex_attention", "flash_attn: auto, packed rows on a GPU: flex_attention document mask"
+    return "sdpa", "flash_attn: auto, " + ("flash-attn not installed" if dev == "cuda" else "CPU")
+
+
+def liger(cfg: Config, ctx: LaunchContext, dev: str) -> Reasoned:
+    """Whether Liger's kernels are applied; a documented fallback (said once) when they cannot be."""
+    if not cfg.model.enable_liger_kernel:
+        return False, "enable_liger_kernel: false"
+    if dev != "cuda":
+        return False, (
+            f"enable_liger_kernel: Liger's Triton kernels need a CUDA GPU; this {dev} run continues without them"
+        )
+    if not ctx.has("liger_kernel"):
+        return False, (
+            "enable_liger_kernel: the liger-kernel package is not installed (pip install liger-kernel); "
+            "training continues without Liger's kernels"
+        )
+    model_type = _model_type(cfg)
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+    except ImportError:  # planning for another machine (`lmstack plan --gpus N` on a CPU box)
+        return True, "enable_liger_kernel: assumed available on the target GPU machine"
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return False, (
+            f"enable_liger_kernel: Liger has no kernels for model type {model_type!r}; training continues "
+            "without them"
+        )
+    return True, f"enable_liger_kernel: Liger kernels for {model_type}"
+
+
+def _model_type(cfg: Config) -> str | None:
+    path = Path(cfg.model.model_name_or_path) / "config.json"
+    try:
+        return json.loads(path.read_text()).get("model_type")
+    except (OSError, ValueError):
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(cfg.model.model_name_or_path).model_type
+
+
+def loss_kernel(spec: StageSpec, use_liger: bool, zero_stage: int | None) -> Reasoned:
+    """liger | chunked | none: how the training loss is computed."""
+    if not spec.fused_ce:
+        return "none", f"stage {spec.name} needs the logits (its loss is not a plain token CE)"
+    if use_liger:
+        return "liger", "Liger's fused linear cross-entropy (no [tokens x vocab] logits)"
+    if zero_stage == 3:
+        # ZeRO-3 partitions the head weight and gathers it only inside the head module's own forward
+        return "none", "ZeRO-3 partitions the output head; the model's own loss materialises the logits"
+    return "chunked", "lmstack's chunked linear cross-entropy (no [tokens x vocab] logits)"
+
+
+def checkpointing(cfg: Config, user_value: bool | str) -> Reasoned:
+    """`user_value` is what the YAML said (auto already replaced by the planner in cfg)."""
+    if cfg.model.disable_gradient_checkpointing:
+        return False, "disable_gradient_checkpointing: true"
+    gc = cfg.training.gradient_checkpointing
+    if user_value == "auto":
+        if gc == "auto":
+            return False, "gradient_checkpointing: auto (the planner decides when training starts)"
+        return bool(gc), "gradient_checkpointing: auto -> the planner: " + (
+            "recompute to fit" if gc else "fits without recompute"
+        )
+    return bool(gc), f"gradient_checkpointing: {str(gc).lower()}"

@@ -1,0 +1,146 @@
+"""What happens when several accelerations are switched on at once (seed 003 §10.7), as rules over
+the run plan. Each rule returns nothing (fine) or a note (a documented fallback, said once), or raises
+ConfigError (unsupported). RULES is the one registry (DESIGN rule 8); `check_rules(plan)` runs them
+all and reports every problem at once."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable
+
+from lmstack.config.errors import ConfigError
+from lmstack.plan.runplan import RunPlan
+
+BNB_MIN_FOR_ZERO3 = (0, 43, 0)
+FSDP_WORDS = (
+    "full_shard",
+    "shard_grad_op",
+    "hybrid_shard",
+    "hybrid_shard_zero2",
+    "no_shard",
+    "offload",
+    "auto_wrap",
+)
+
+Rule = Callable[[RunPlan], str | None]
+
+
+def unsloth_unavailable(plan: RunPlan) -> str | None:
+    if plan.cfg.model.use_unsloth:
+        raise ConfigError(
+            "use_unsloth: LLaMA-Factory's Unsloth path is not available in lmstack (Unsloth pins trl, "
+            "datasets and transformers versions lmstack cannot share); remove use_unsloth — lmstack's own "
+            "fused kernels (packing with a document mask, chunked cross-entropy, bf16 adapters) are on by default"
+        )
+    return None
+
+
+def fsdp_with_deepspeed(plan: RunPlan) -> str | None:
+    if plan.fsdp is not None and plan.deepspeed is not None:
+        how = (
+            "accelerate launched this job with an FSDP config"
+            if plan.fsdp.source == "accelerate"
+            else (f"fsdp: {plan.cfg.training.fsdp!r} is set")
+        )
+        raise ConfigError(
+            f"deepspeed: {plan.deepspeed.ref} was given, but {how}; use one of them: remove `deepspeed:` "
+            "from the YAML, or drop FSDP"
+        )
+    return None
+
+
+def fsdp_field(plan: RunPlan) -> str | None:
+    t = plan.cfg.training
+    if t.fsdp_config and not t.fsdp:
+        raise ConfigError(
+            "fsdp_config: only used with fsdp; set fsdp (e.g. 'full_shard auto_wrap') or remove it"
+        )
+    if not t.fsdp:
+        return None
+    unknown = [w for w in t.fsdp.split() if w not in FSDP_WORDS]
+    if unknown:
+        raise ConfigError(f"fsdp: unknown option {unknown[0]!r}; allowed words: {' | '.join(FSDP_WORDS)}")
+    return None
+
+
+def fsdp_processes(plan: RunPlan) -> str | None:
+    t = plan.cfg.training
+    if t.fsdp and plan.world_size < 2:
+        raise ConfigError(
+            f"fsdp: {t.fsdp!r} shards over several processes, and this run has one; launch it on several "
+            "GPUs (lmstack train relaunches under torchrun), with FORCE_TORCHRUN=1 NPROC_PER_NODE=N, or "
+            "remove fsdp"
+        )
+    return None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def qlora_with_zero3(plan: RunPlan) -> str | None:
+    bits = plan.cfg.model.quantization_bit
+    if bits is None or plan.zero_stage != 3:
+        return None
+    need = ".".join(map(str, BNB_MIN_FOR_ZERO3))
+    if not plan.ctx.has("bitsandbytes"):
+        raise ConfigError(
+            f"quantization_bit: {bits} with ZeRO-3 ({plan.deepspeed.ref}) needs "
+            f"bitsandbytes >= {need}; pip install 'bitsandbytes>={need}'"
+        )
+    have = importlib.metadata.version("bitsandbytes")
+    if _version_tuple(have) < BNB_MIN_FOR_ZERO3:
+        raise ConfigError(
+            f"quantization_bit: {bits} with ZeRO-3 needs bitsandbytes >= {need} "
+            f"(installed: {have}); pip install -U 'bitsandbytes>={need}'"
+        )
+    return None
+
+
+def single_process_stage(plan: RunPlan) -> str | None:
+    if not plan.stage.multi_process and (plan.deepspeed is not None or plan.world_size > 1):
+        raise ConfigError(
+            f"stage: {plan.stage.name} runs in one process on one device (lmstack's compact PPO has no "
+            "DeepSpeed or multi-GPU path yet); remove deepspeed and launch without torchrun, or use stage: grpo"
+        )
+    return None
+
+
+def deepspeed_installed(plan: RunPlan) -> str | None:
+    if plan.deepspeed is not None and not plan.ctx.has("deepspeed"):
+        raise ConfigError(
+            "deepspeed: the `deepspeed` package is not installed; pip install deepspeed "
+            "(or remove `deepspeed:` to train without ZeRO)"
+        )
+    return None
+
+
+RULES: list[Rule] = [
+    unsloth_unavailable,
+    fsdp_with_deepspeed,
+    fsdp_field,
+    qlora_with_zero3,
+    single_process_stage,
+    # GaLore / APOLLO / BAdam combinations (REFERENCE §2.3) are checked by train/method_rules.py
+]
+# rules about this machine and this launch: `lmstack train` applies them, `lmstack check` (which may
+# run on another machine than the job) does not
+LAUNCH_RULES: list[Rule] = [fsdp_processes, deepspeed_installed]
+
+
+def check_rules(plan: RunPlan, launch: bool = True) -> tuple[list[str], list[str]]:
+    """Run every rule; returns (notes of the fallbacks applied, problems). Never stops at the first."""
+    notes, problems = list(plan.notes), []
+    for rule in RULES + (LAUNCH_RULES if launch else []):
+        try:
+            note = rule(plan)
+        except ConfigError as err:
+            problems.append(str(err))
+            continue
+        if note:
+            notes.append(note)
+    return notes, problems

@@ -1,0 +1,269 @@
+"""`RunPlan.resolve(cfg, ctx)`: every derived decision of a training run, taken once, frozen, each
+with the reason it was taken (DESIGN "The run plan: decide once, read everywhere").
+
+The stages, the planner (`lmstack plan`), `lmstack check`, the launcher and the run manifest read the
+same plan. `plan.cfg` is the user's config with the `auto` fields replaced by the planner's values
+(a derived copy: the validated config itself is never mutated); the decisions below are what the
+code reads instead of re-deriving them from the config.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lmstack.config.errors import ConfigError
+from lmstack.config.schema import Config
+from lmstack.config.stages import StageSpec, stage_spec
+from lmstack.launch.context import LaunchContext
+from lmstack.plan import decide
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeepSpeedPlan:
+    ref: str  # what the YAML (or deepspeed: auto) named: a path or a template name
+    config: dict  # validated JSON with lmstack's own "auto" values resolved (the Trainer fills the rest)
+    zero_stage: int
+    offload_optimizer: bool
+    offload_param: bool
+
+
+@dataclass(frozen=True)
+class FsdpPlan:
+    source: str  # "accelerate" (launched with an FSDP accelerate config) | "yaml" (the `fsdp` field)
+    sharding: str  # FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
+    version: int = 1
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    cfg: Config
+    ctx: LaunchContext
+    stage: StageSpec
+    device: str
+    precision: decide.Precision
+    packing: bool
+    row_capacity: int | None  # tokens per packed row (None: not packed)
+    split_long_texts: bool  # pt on packed rows: long texts become cutoff_len pieces (nothing dropped)
+    attention: str  # transformers' attn_implementation
+    liger: bool
+    loss_kernel: str  # liger | chunked | none
+    deepspeed: DeepSpeedPlan | None
+    fsdp: FsdpPlan | None
+    checkpointing: bool
+    micro_batch: int
+    world_size: int
+    reasons: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # documented fallbacks, said once (warnings)
+
+    @classmethod
+    def resolve(cls, cfg: Config, ctx: LaunchContext, resolve_auto: bool = True) -> RunPlan:
+        return _resolve(cfg, ctx, resolve_auto)
+
+    @property
+    def zero_stage(self) -> int | None:
+        return None if self.deepspeed is None else self.deepspeed.zero_stage
+
+    @property
+    def is_main(self) -> bool:
+        return self.ctx.is_main
+
+    @property
+    def sharded(self) -> bool:
+        """Weights partitioned across processes (ZeRO-3 or FSDP)."""
+        return self.zero_stage == 3 or self.fsdp is not None
+
+    def model_spec(self, path: str | None = None) -> Any:
+        """The load spec of the trained model (or, with `path`, of a frozen model from there)."""
+        from lmstack.models.load import ModelLoadSpec, hub_kwargs, torch_dtype
+        from lmstack.models.quantization import quantization_config, quantized_device_map
+
+        m = self.cfg.model
+        quant = quantization_config(self.cfg, torch_dtype(self.precision.compute))
+        return ModelLoadSpec(
+            path=path or m.model_name_or_path,
+            hub=hub_kwargs(self.cfg),
+            load_dtype=self.precision.load,
+            compute_dtype=self.precision.compute,
+            attention=self.attention,
+            liger=self.liger,
+            liger_fused_ce=self.loss_kernel == "liger",
+            quantization=quant,
+            device_map=quantized_device_map(m.quantization_bit, self.sharded, self.ctx.local_rank),
+            train_from_scratch=m.train_from_scratch and path is None,
+            low_cpu_mem_usage=m.low_cpu_mem_usage,
+            resize_vocab=m.resize_vocab,
+            seed=self.cfg.training.seed,
+        )
+
+    def pack_spec(self, eval_split: bool = False) -> Any:
+        from lmstack.data.packing import PackSpec
+
+        t = self.cfg.training
+        rows = t.per_device_eval_batch_size if eval_split else self.micro_batch
+        return PackSpec(
+            capacity=self.row_capacity or self.cfg.data.cutoff_len,
+            seed=t.seed,
+            rows_multiple=rows * self.world_size,
+        )
+
+    def decisions(self) -> dict[str, Any]:
+        """name -> value of every decision (printed by `lmstack plan`/`check`, saved in the manifest)."""
+        p = self.precision
+        return {
+            "stage": self.stage.name,
+            "device": self.device,
+            "world_size": self.world_size,
+            "precision": p.compute,
+            "load_dtype": p.load,
+            "autocast": p.autocast,
+            "master_weights": p.master_weights,
+            "packing": self.packing,
+            "row_capacity": self.row_capacity,
+            "split_long_texts": self.split_long_texts,
+            "attention": self.attention,
+            "liger": self.liger,
+            "loss_kernel": self.loss_kernel,
+            "zero_stage": self.zero_stage,
+            "deepspeed": self.deepspeed.ref if self.deepspeed else None,
+            "fsdp": f"{self.fsdp.sharding} ({self.fsdp.source})" if self.fsdp else None,
+            "checkpointing": self.checkpointing,
+            "micro_batch": self.micro_batch,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"decisions": self.decisions(), "reasons": dict(self.reasons), "notes": list(self.notes)}
+
+    def describe(self) -> str:
+        lines = ["run plan (what this run does, and why):"]
+        for name, value in self.decisions().items():
+            why = self.reasons.get(name)
+            lines.append(f"  {name:<17} {value!s:<22}" + (f" {why}" if why else ""))
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def deepspeed_plan(ref: str | None, bf16: bool, fp16: bool) -> DeepSpeedPlan | None:
+    """The DeepSpeed JSON, read and validated once (a path or a shipped template name)."""
+    if not ref:
+        return None
+    from lmstack.launch import deepspeed as ds
+
+    config = ds.resolve_config(ds.load_deepspeed_config(ref), bf16=bf16, fp16=fp16)
+    zero = config.get("zero_optimization") or {}
+
+    def offloaded(key: str) -> bool:
+        return str((zero.get(key) or {}).get("device", "none")).lower() not in ("none", "")
+
+    return DeepSpeedPlan(
+        ref, config, ds.zero_stage(config), offloaded("offload_optimizer"), offloaded("offload_param")
+    )
+
+
+FSDP_OPTIONS = {
+    "full_shard": "FULL_SHARD",
+    "shard_grad_op": "SHARD_GRAD_OP",
+    "hybrid_shard": "HYBRID_SHARD",
+    "no_shard": "NO_SHARD",
+}
+
+
+def fsdp_plan(cfg: Config, ctx: LaunchContext) -> FsdpPlan | None:
+    value = cfg.training.fsdp
+    if ctx.accelerate_fsdp is not None:
+        if value:
+            raise ConfigError(
+                f"fsdp: {value!r} in the YAML, but accelerate already launched this job with an FSDP config; "
+                "use one of them"
+            )
+        launch = ctx.accelerate_fsdp
+        return FsdpPlan("accelerate", launch.sharding, launch.version)
+    if not value:
+        return None
+    sharding = next((FSDP_OPTIONS[w] for w in value.split() if w in FSDP_OPTIONS), "FULL_SHARD")
+    version = int((cfg.training.fsdp_config or {}).get("version", 1))
+    return FsdpPlan("yaml", sharding, version)
+
+
+def _resolve(cfg: Config, ctx: LaunchContext, resolve_auto: bool) -> RunPlan:
+    """Without `auto` fields (or with resolve_auto=False) one pass; otherwise a draft plan sizes the
+    auto fields with the planner and the final plan is resolved on the config holding their values."""
+    if cfg.training.optim == "muon":  # seed 003's `optim: muon` and LF's `use_muon: true` are one thing
+        cfg = cfg.model_copy(
+            update={
+                "training": cfg.training.model_copy(update={"optim": "adamw_torch"}),
+                "finetuning": cfg.finetuning.model_copy(update={"use_muon": True}),
+            }
+        )
+    autos = [f for f in _AUTO if getattr(cfg.training, f) == "auto"]
+    if not (resolve_auto and autos):
+        return _resolve_once(cfg, ctx, cfg)
+    from lmstack.plan.auto import auto_values
+
+    draft = _resolve_once(cfg, ctx, cfg)
+    chosen, message, fits = auto_values(draft)
+    resolved = cfg.model_copy(update={"training": cfg.training.model_copy(update=chosen)})
+    plan = _resolve_once(resolved, ctx, cfg)
+    plan.reasons["auto"] = message
+    if not fits:
+        return replace(plan, notes=(*plan.notes, message))
+    return plan
+
+
+def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
+    t = cfg.training
+    if cfg.finetuning.stage not in _stages():
+        raise ConfigError(
+            f"stage: {cfg.finetuning.stage!r} is not implemented; available: {' | '.join(_stages())}"
+        )
+    spec = stage_spec(cfg.finetuning.stage)
+    dev, dev_why = decide.device(cfg, ctx)
+    reasons: dict[str, str] = {"device": dev_why}
+    notes: list[str] = []
+    world = ctx.planned_world_size(dev == "cuda")
+    fsdp = fsdp_plan(cfg, ctx)
+    packed, reasons["packing"] = decide.packing(cfg, spec)
+    attn, reasons["attention"] = decide.attention(cfg, ctx, dev, packed)
+    use_liger, reasons["liger"] = decide.liger(cfg, ctx, dev)
+    if cfg.model.enable_liger_kernel and not use_liger:
+        notes.append(reasons["liger"])
+    ds = deepspeed_plan(t.deepspeed if t.deepspeed != "auto" else None, t.bf16, t.fp16)
+    zero = None if ds is None else ds.zero_stage
+    prec = decide.precision(cfg, ctx, dev, spec, zero, fsdp is not None)
+    reasons["precision"] = prec.reason
+    kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero)
+    ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
+    micro = t.per_device_train_batch_size
+    capacity = decide.row_capacity(cfg, micro) if packed else None
+    return RunPlan(
+        cfg=cfg,
+        ctx=ctx,
+        stage=spec,
+        device=dev,
+        precision=prec,
+        packing=packed,
+        row_capacity=capacity,
+        split_long_texts=packed and spec.data == "text",
+        attention=attn,
+        liger=use_liger,
+        loss_kernel=kernel,
+        deepspeed=ds,
+        fsdp=fsdp,
+        checkpointing=ckpt,
+        micro_batch=micro if isinstance(micro, int) else 1,
+        world_size=world,
+        reasons=reasons,
+        notes=tuple(notes),
+    )
+
+
+_AUTO = ("deepspeed", "per_device_train_batch_size", "gradient_checkpointing")
+
+
+def _stages() -> tuple[str, ...]:
+    from lmstack.config.stages import STAGE_SPECS
+
+    return tuple(STAGE_SPECS)

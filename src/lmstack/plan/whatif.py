@@ -1,0 +1,47 @@
+"""`lmstack plan`'s question: what would this YAML need on N GPUs of M GiB? The run plan resolved
+for that hypothetical machine, turned into the planner's request."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lmstack.config.schema import Config
+from lmstack.launch.context import LaunchContext
+from lmstack.plan.from_config import request_from_plan
+from lmstack.plan.recommend import PlanRequest
+from lmstack.plan.runplan import RunPlan
+
+
+def gpu_context(gpus: int, gpu_memory_gib: float) -> LaunchContext:
+    """The launch context of a hypothetical GPU job (what `lmstack plan --gpus N` plans for); optional
+    kernels the YAML asks for are assumed installed on that machine."""
+    here = LaunchContext.from_env(probe_cuda=False)
+    return replace(
+        here,
+        cuda=True,
+        gpu_count=gpus,
+        world_size=gpus,
+        under_launcher=True,
+        gpu_memory_gib=gpu_memory_gib,
+        bf16_supported=True,
+        packages=here.packages | {"liger_kernel"},
+    )
+
+
+def plan_for(cfg: Config, gpus: int, gpu_memory_gib: float) -> RunPlan:
+    """The run plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` (auto fields left for the planner)."""
+    return RunPlan.resolve(cfg, gpu_context(gpus, gpu_memory_gib), resolve_auto=False)
+
+
+def request_from_config(
+    cfg: Config,
+    gpus: int,
+    gpu_memory_gib: float,
+    nodes: int = 1,
+    cpu_memory_gib: float | None = None,
+    search: bool = False,
+) -> PlanRequest:
+    """The request for `cfg` run on `gpus` x `nodes` GPUs: the run plan resolved for that machine."""
+    return request_from_plan(
+        plan_for(cfg, gpus * nodes, gpu_memory_gib), gpus, gpu_memory_gib, nodes, cpu_memory_gib, search
+    )

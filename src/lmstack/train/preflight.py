@@ -1,0 +1,93 @@
+"""`check(plan)`: everything that can be checked without loading the model, reported all at once.
+
+Each check names the field, the value and the fix; they all run (a later one never hides behind an
+earlier one) and the problems are raised together as one ConfigError (exit 2)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from lmstack.config.errors import ConfigError, LmstackError
+from lmstack.plan.rules import check_rules
+from lmstack.plan.runplan import RunPlan
+
+logger = logging.getLogger(__name__)
+
+
+def _model(plan: RunPlan) -> None:
+    from lmstack.models.load import check_model_path
+
+    check_model_path(plan.cfg)
+
+
+def _template(plan: RunPlan) -> None:
+    from lmstack.templates import get_template
+
+    if plan.cfg.data.template:
+        get_template(plan.cfg.data.template)
+
+
+def _datasets(plan: RunPlan) -> None:
+    from lmstack.data.pipeline import check_data_args
+    from lmstack.data.registry import get_dataset_attrs
+
+    cfg = plan.cfg
+    if cfg.training.do_train and not cfg.data.dataset:
+        raise ConfigError("dataset: required for training; name datasets registered in dataset_info.json")
+    get_dataset_attrs(cfg.data.dataset, cfg.data.dataset_dir, "dataset")
+    get_dataset_attrs(cfg.data.eval_dataset, cfg.data.dataset_dir, "eval_dataset")
+    check_data_args(cfg)
+
+
+def _adapters(plan: RunPlan) -> None:
+    cfg = plan.cfg
+    if cfg.finetuning.finetuning_type != "lora" and cfg.model.adapter_name_or_path:
+        raise ConfigError("adapter_name_or_path: adapters need finetuning_type: lora")
+
+
+def _methods(plan: RunPlan) -> None:
+    from lmstack.train.method_rules import check_methods
+
+    check_methods(plan.cfg, plan.world_size, plan.zero_stage)  # LoRA variants, GaLore/APOLLO/BAdam/Muon
+
+
+def _quantization(plan: RunPlan) -> None:
+    from lmstack.models.quantization import check_quantization
+
+    check_quantization(plan.cfg, plan.sharded, plan.device, plan.ctx.has("bitsandbytes"))
+
+
+def _stage(plan: RunPlan) -> None:
+    from lmstack.train.rlhf import check_stage_config
+
+    check_stage_config(plan.cfg)  # sft-only fields elsewhere, rewards, reference models, kto/grpo batches
+
+
+CHECKS: list[Callable[[RunPlan], None]] = [
+    _model,
+    _template,
+    _datasets,
+    _adapters,
+    _methods,
+    _quantization,
+    _stage,
+]
+
+
+def check(plan: RunPlan, launch: bool = True) -> list[str]:
+    """Runs the conflict rules and every check; returns the notes of documented fallbacks (to log once)
+    and raises one ConfigError listing every problem found. `launch=False` (lmstack check) leaves out
+    the rules about this machine's launch (process count, installed DeepSpeed)."""
+    notes, problems = check_rules(plan, launch)
+    errors: list[LmstackError] = [ConfigError(p) for p in problems]
+    for step in CHECKS:
+        try:
+            step(plan)
+        except LmstackError as err:
+            errors.append(err)
+    if len(errors) == 1:
+        raise errors[0]  # one problem keeps its own type (ConfigError / DataError)
+    if errors:
+        raise ConfigError(f"{len(errors)} problems in the config:\n" + "\n".join(str(e) for e in errors))
+    return notes
