@@ -26,7 +26,7 @@ def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from lmstack.reliability import secrets
+    from lmstack.config import secrets
 
     secrets.install()  # tokens/keys masked in every log record, warning and uncaught traceback
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except LmstackError as err:
-        from lmstack.reliability.secrets import redact
+        from lmstack.config.secrets import redact
 
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return getattr(err, "exit_code", 2)  # 143/130: stopped by SIGTERM/SIGINT after saving

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from lmstack.config import secrets
 from lmstack.config.errors import ConfigError, did_you_mean
 from lmstack.config.schema import SECTIONS, Config, field_owner
 
@@ -165,8 +166,6 @@ def _explain(section: str, err: ValidationError) -> ConfigError:
 
 
 def build_config(flat: dict[str, Any]) -> Config:
-    from lmstack.reliability import secrets
-
     secrets.register_flat(flat)  # token-like values are masked even in the errors below
     owners = field_owner()
     grouped: dict[str, dict] = {name: {} for name in SECTIONS}
