@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
-from pathlib import Path
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
@@ -25,17 +24,11 @@ def auto_fields(cfg: Config) -> list[str]:
     return [name for name in AUTO_FIELDS if getattr(cfg.training, name) == "auto"]
 
 
-def find_template(relative: str) -> str:
-    """A shipped DeepSpeed template: next to the working directory, else in lmstack's own checkout."""
-    import lmstack
+def find_template(name: str) -> str:
+    """The file of the DeepSpeed template the planner chose (a shipped name such as z3_offload)."""
+    from lmstack.launch.deepspeed import resolve_deepspeed_ref
 
-    for root in (Path.cwd(), Path(lmstack.__file__).resolve().parents[2]):
-        if (root / relative).is_file():
-            return str(root / relative)
-    raise ConfigError(
-        f"deepspeed: auto chose {relative}, which is not found here; copy lmstack's "
-        "examples/deepspeed/ next to your YAML or set deepspeed to a JSON path"
-    )
+    return str(resolve_deepspeed_ref(name, field="deepspeed: auto"))
 
 
 def _gpu_memory(cfg: Config) -> float | None:
