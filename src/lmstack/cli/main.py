@@ -6,6 +6,7 @@ import argparse
 import importlib
 import logging
 import os
+import socket
 import sys
 
 from lmstack import __version__
@@ -29,6 +30,14 @@ def setup_logging(verbose: bool = False) -> None:
     from lmstack.config import secrets
 
     secrets.install()  # tokens/keys masked in every log record, warning and uncaught traceback
+    from lmstack.launch.dist import world_size
+
+    world = world_size()
+    if world > 1:  # every rank says it started; ranks > 0 pass only warnings above, so its own logger
+        announce = logging.getLogger("lmstack.rank")
+        announce.setLevel(logging.INFO)
+        host, local = socket.gethostname(), os.environ.get("LOCAL_RANK", "0")
+        announce.info("rank %s/%d on %s: local rank %s, pid %d", rank, world, host, local, os.getpid())
 
 
 def fields_help() -> str:
