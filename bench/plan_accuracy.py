@@ -139,7 +139,7 @@ def predict(cfg_dict: dict, gpu_gib: float, gpus: int = 1, fsdp: bool = False) -
 
     from lmstack.config.load import build_config
     from lmstack.plan import plan
-    from lmstack.plan.from_config import request_from_config
+    from lmstack.plan.whatif import request_from_config
 
     req = request_from_config(build_config(cfg_dict), gpus, gpu_gib)
     result = plan(dataclasses.replace(req, fsdp=True) if fsdp else req)

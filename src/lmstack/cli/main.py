@@ -6,6 +6,7 @@ import argparse
 import importlib
 import logging
 import os
+import socket
 import sys
 
 from lmstack import __version__
@@ -26,9 +27,17 @@ def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from lmstack.reliability import secrets
+    from lmstack.config import secrets
 
     secrets.install()  # tokens/keys masked in every log record, warning and uncaught traceback
+    from lmstack.launch.dist import world_size
+
+    world = world_size()
+    if world > 1:  # every rank says it started; ranks > 0 pass only warnings above, so its own logger
+        announce = logging.getLogger("lmstack.rank")
+        announce.setLevel(logging.INFO)
+        host, local = socket.gethostname(), os.environ.get("LOCAL_RANK", "0")
+        announce.info("rank %s/%d on %s: local rank %s, pid %d", rank, world, host, local, os.getpid())
 
 
 def fields_help() -> str:
@@ -194,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except LmstackError as err:
-        from lmstack.reliability.secrets import redact
+        from lmstack.config.secrets import redact
 
         print(f"error: {redact(str(err))}", file=sys.stderr)
         return getattr(err, "exit_code", 2)  # 143/130: stopped by SIGTERM/SIGINT after saving

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from lmstack.config import secrets
 from lmstack.config.errors import ConfigError, did_you_mean
 from lmstack.config.schema import SECTIONS, Config, field_owner
 
@@ -108,6 +109,15 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
+def _annotation_parts(section: str, field: str) -> tuple[list, bool]:
+    """(the Literal values a field allows, whether it also takes a bool)."""
+    annotation = SECTIONS[section].model_fields[field].annotation
+    literal = typing.get_origin(annotation) is typing.Literal
+    args = (annotation,) if literal else (typing.get_args(annotation) or (annotation,))
+    values = [v for arg in args if typing.get_origin(arg) is typing.Literal for v in typing.get_args(arg)]
+    return values, bool in args
+
+
 def _literal_choices(section: str, field: str) -> list[str] | None:
     annotation = SECTIONS[section].model_fields[field].annotation
     choices: list[str] = []
@@ -121,6 +131,20 @@ def _literal_choices(section: str, field: str) -> list[str] | None:
     return choices or None
 
 
+def _yaml_bools_to_words(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    """YAML 1.1 reads an unquoted `no`/`off` (`yes`/`on`) as a bool: `save_strategy: no` arrives as
+    False. An enum field that allows one such word gets it back; fields that take a bool keep it."""
+    out = dict(values)
+    for field, value in values.items():
+        if not isinstance(value, bool) or field not in SECTIONS[section].model_fields:
+            continue
+        choices, takes_bool = _annotation_parts(section, field)
+        words = [c for c in choices if isinstance(c, str) and yaml.safe_load(c) is value]
+        if not takes_bool and len(words) == 1:
+            out[field] = words[0]
+    return out
+
+
 def _explain(section: str, err: ValidationError) -> ConfigError:
     lines = []
     for e in err.errors():
@@ -132,15 +156,16 @@ def _explain(section: str, err: ValidationError) -> ConfigError:
         choices = _literal_choices(section, field) if field in SECTIONS[section].model_fields else None
         if e["type"].startswith("literal") or (choices and e["type"] in ("bool_parsing", "bool_type")):
             allowed = " | ".join(choices or [])
-            lines.append(f"{field}: got {got!r}; allowed: {allowed}{did_you_mean(str(got), choices or [])}")
+            hint = did_you_mean(str(got), choices or [])
+            if isinstance(got, bool) and e["type"].startswith("literal"):
+                hint += " (YAML reads an unquoted yes/no/on/off as a boolean; write one of these values)"
+            lines.append(f"{field}: got {got!r}; allowed: {allowed}{hint}")
         else:
             lines.append(f"{field}: got {got!r}; {e['msg']}")
     return ConfigError("\n".join(lines))
 
 
 def build_config(flat: dict[str, Any]) -> Config:
-    from lmstack.reliability import secrets
-
     secrets.register_flat(flat)  # token-like values are masked even in the errors below
     owners = field_owner()
     grouped: dict[str, dict] = {name: {} for name in SECTIONS}
@@ -159,7 +184,7 @@ def build_config(flat: dict[str, Any]) -> Config:
     sections = {}
     for name, cls in SECTIONS.items():
         try:
-            sections[name] = cls(**grouped[name])
+            sections[name] = cls(**_yaml_bools_to_words(name, grouped[name]))
         except ValidationError as err:
             raise _explain(name, err) from None
     cfg = Config(**sections)

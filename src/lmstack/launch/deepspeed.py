@@ -1,6 +1,9 @@
-"""DeepSpeed through the Trainer integration: validate `deepspeed: <path>` before launch, resolve the
-few "auto" values the Trainer does not fill, and make DeepSpeed's op builder survive
-TORCH_CUDA_ARCH_LIST values like '9.0a' (REFERENCE, H200 notes).
+"""DeepSpeed through the Trainer integration: find `deepspeed: <path or template name>`, validate it
+before launch, resolve the few "auto" values the Trainer does not fill, and make DeepSpeed's op
+builder survive TORCH_CUDA_ARCH_LIST values like '9.0a' (REFERENCE, H200 notes).
+
+The ZeRO templates ship inside the package (launch/templates/, the same files as LLaMA-Factory's
+examples/deepspeed/), so `deepspeed: z3_offload` works from any working directory.
 
 The Trainer (transformers.integrations.deepspeed) fills these "auto" values from the YAML: batch
 sizes, accumulation, clipping (max_grad_norm), optimizer/scheduler params, fp16/bf16 and the
@@ -19,11 +22,24 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
-from lmstack.config.errors import ConfigError, closest
+from lmstack.config.errors import ConfigError, closest, did_you_mean
 
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install deepspeed"
+TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
+# `deepspeed:` names of the shipped templates -> their file in TEMPLATE_DIR (LF's file names)
+TEMPLATES = {
+    "z0": "ds_z0_config.json",
+    "z1": "ds_z1_config.json",
+    "z2": "ds_z2_config.json",
+    "z2_offload": "ds_z2_offload_config.json",
+    "z3": "ds_z3_config.json",
+    "z3_offload": "ds_z3_offload_config.json",
+}
+# where a source checkout (and LF) keeps the same files; `deepspeed: examples/deepspeed/ds_z3_config.json`
+# finds the shipped copy when run from a directory without that folder
+EXAMPLES_DIR = Path("examples/deepspeed")
 
 TOP_LEVEL_KEYS = frozenset(
     """train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps gradient_clipping
@@ -99,13 +115,41 @@ def _auto_paths(obj: Any, prefix: str = "") -> list[str]:
     return [prefix] if obj == "auto" else []
 
 
+def _short(name: str) -> str:
+    return name.removesuffix(".json").removeprefix("ds_").removesuffix("_config")
+
+
+def _template_name(ref: Path) -> str | None:
+    """`z3_offload`, `ds_z3_offload_config`, `ds_z3_offload_config.json` and
+    `examples/deepspeed/ds_z3_offload_config.json` -> "z3_offload"; None for anything else."""
+    if ref.parent == Path(".") and ref.name in TEMPLATES:
+        return ref.name
+    if ref.parent not in (Path("."), EXAMPLES_DIR):
+        return None  # a missing file in some other folder is not silently replaced by a template
+    stem = ref.name.removesuffix(".json")
+    return _short(stem) if TEMPLATES.get(_short(stem)) == f"{stem}.json" else None
+
+
+def resolve_deepspeed_ref(value: str | Path, field: str = "deepspeed") -> Path:
+    """The DeepSpeed JSON that `deepspeed: <value>` means: a file that exists wins; else the name of a
+    shipped template (z0 z1 z2 z2_offload z3 z3_offload, or its LF file name). Unknown: ConfigError."""
+    ref = Path(value)
+    if ref.is_file():
+        return ref
+    name = _template_name(ref)
+    if name is not None:
+        return TEMPLATE_DIR / TEMPLATES[name]
+    names = " | ".join(TEMPLATES)
+    raise ConfigError(
+        f"{field}: {value} not found: no such file, and not a shipped template; set a path to a "
+        f"DeepSpeed JSON or a template name: {names}{did_you_mean(_short(ref.name), TEMPLATES)}"
+    )
+
+
 def load_deepspeed_config(path: str | Path, field: str = "deepspeed") -> dict:
-    """Read and validate a DeepSpeed JSON; errors name the file, the key and the fix."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(
-            f"{field}: {path} not found; use a JSON file such as examples/deepspeed/ds_z2_config.json"
-        )
+    """Read and validate a DeepSpeed JSON (a path or a shipped template name, see
+    `resolve_deepspeed_ref`); errors name the file, the key and the fix."""
+    path = resolve_deepspeed_ref(path, field)
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:

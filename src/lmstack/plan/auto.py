@@ -10,7 +10,6 @@ memory to size against, so the choice is plain and logged. Called by `RunPlan.re
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lmstack.config.errors import ConfigError
@@ -27,17 +26,11 @@ def auto_fields(cfg: Any) -> list[str]:
     return [name for name in AUTO_FIELDS if getattr(cfg.training, name) == "auto"]
 
 
-def find_template(relative: str) -> str:
-    """A shipped DeepSpeed template: next to the working directory, else in lmstack's own checkout."""
-    import lmstack
+def find_template(name: str) -> str:
+    """The file of the DeepSpeed template the planner chose (a shipped name such as z3_offload)."""
+    from lmstack.launch.deepspeed import resolve_deepspeed_ref
 
-    for root in (Path.cwd(), Path(lmstack.__file__).resolve().parents[2]):
-        if (root / relative).is_file():
-            return str(root / relative)
-    raise ConfigError(
-        f"deepspeed: auto chose {relative}, which is not found here; copy lmstack's "
-        "examples/deepspeed/ next to your YAML or set deepspeed to a JSON path"
-    )
+    return str(resolve_deepspeed_ref(name, field="deepspeed: auto"))
 
 
 def auto_values(draft: RunPlan, gpu_memory_gib: float | None = None) -> tuple[dict, str, bool]:

@@ -17,14 +17,15 @@ from lmstack.plan.model_spec import ModelSpec
 from lmstack.plan.parallel import Layout, enumerate_layouts
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64)
-# YAML values for each DeepSpeed template (LF's examples/deepspeed names; z1 is lmstack's own).
+# YAML values for each DeepSpeed template: names of the templates shipped in lmstack/launch/templates/
+# (LF's examples/deepspeed files; z1 is lmstack's own), found from any working directory.
 DEEPSPEED_CONFIGS = {
-    (0, False, False): "examples/deepspeed/ds_z0_config.json",
-    (1, False, False): "examples/deepspeed/ds_z1_config.json",
-    (2, False, False): "examples/deepspeed/ds_z2_config.json",
-    (2, True, False): "examples/deepspeed/ds_z2_offload_config.json",
-    (3, False, False): "examples/deepspeed/ds_z3_config.json",
-    (3, True, True): "examples/deepspeed/ds_z3_offload_config.json",
+    (0, False, False): "z0",
+    (1, False, False): "z1",
+    (2, False, False): "z2",
+    (2, True, False): "z2_offload",
+    (3, False, False): "z3",
+    (3, True, True): "z3_offload",
 }
 FSDP_YAML = {"FULL_SHARD": "full_shard auto_wrap", "SHARD_GRAD_OP": "shard_grad_op auto_wrap"}
 

@@ -1,10 +1,9 @@
 """Reliability and safety: atomic checkpoints with a manifest, resume selection, signal-triggered
-saves, the non-finite loss policy, the run manifest and secret redaction.
+saves, the non-finite loss policy and the run manifest (secret redaction: lmstack.config.secrets).
 
 Modules (no import-time side effects):
   checkpoint  manifest.json written last; staging dir + rename; verify; pick the newest complete one
   trainer     `reliable(TrainerClass)`: staged saves, SIGTERM/SIGINT stop, on_nonfinite, safe loads
-  secrets     redact tokens/keys in log records, exceptions and saved files
   manifest    run_manifest.json: resolved config, versions, data hashes, git commit, hardware
 """
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from lmstack.config.schema import Config
+from lmstack.config.secrets import redact
 from lmstack.reliability.checkpoint import sha256_file
-from lmstack.reliability.secrets import redact
 
 logger = logging.getLogger(__name__)
 RUN_MANIFEST = "run_manifest.json"

@@ -24,7 +24,7 @@ TEMPLATES = {
 
 @pytest.mark.parametrize("name,stage", TEMPLATES.items())
 def test_shipped_templates_validate_and_leave_batch_to_the_yaml(name, stage):
-    config = ds.load_deepspeed_config(DS_DIR / name)
+    config = ds.load_deepspeed_config(ds.TEMPLATE_DIR / name)
     assert ds.zero_stage(config) == stage
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         assert config[key] == "auto", key
@@ -39,8 +39,106 @@ def test_shipped_templates_validate_and_leave_batch_to_the_yaml(name, stage):
     assert ("offload_param" in zero) == (offload and stage == 3)
 
 
-def test_shipped_set_is_complete():
-    assert {p.name for p in DS_DIR.glob("*.json")} >= set(TEMPLATES)
+def test_shipped_set_is_complete_and_names_cover_it():
+    shipped = {p.name for p in ds.TEMPLATE_DIR.glob("*.json")}
+    assert shipped == set(TEMPLATES) == set(ds.TEMPLATES.values())
+    assert {p.name for p in DS_DIR.glob("*.json")} >= shipped
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_examples_folder_holds_the_same_files_as_the_package(name):
+    """examples/deepspeed/ stays for LLaMA-Factory users; it must not drift from what ships."""
+    assert (DS_DIR / name).read_bytes() == (ds.TEMPLATE_DIR / name).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "ref",
+    ["z3_offload", "ds_z3_offload_config", "ds_z3_offload_config.json",
+     "examples/deepspeed/ds_z3_offload_config.json", "./examples/deepspeed/ds_z3_offload_config.json"],
+)  # fmt: skip
+def test_template_names_resolve_from_any_working_directory(ref, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert ds.resolve_deepspeed_ref(ref) == ds.TEMPLATE_DIR / "ds_z3_offload_config.json"
+    zero = ds.load_deepspeed_config(ref)["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
+
+
+def test_an_existing_file_wins_over_a_template_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "z3").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+    local = tmp_path / "examples/deepspeed/ds_z3_config.json"
+    local.parent.mkdir(parents=True)
+    local.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    assert ds.zero_stage(ds.load_deepspeed_config("z3")) == 1
+    assert ds.zero_stage(ds.load_deepspeed_config("examples/deepspeed/ds_z3_config.json")) == 2
+    assert ds.zero_stage(ds.load_deepspeed_config("z3_offload")) == 3  # no such file here: the template
+
+
+@pytest.mark.parametrize(
+    ("ref", "suggestion"),
+    [("z4", ""), ("z3_ofload", " (did you mean 'z3_offload'?)"),
+     ("ds_z2_ofload_config.json", " (did you mean 'z2_offload'?)")],
+)  # fmt: skip
+def test_unknown_name_lists_the_templates(ref, suggestion, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        ds.load_deepspeed_config(ref)
+    assert str(err.value) == (
+        f"deepspeed: {ref} not found: no such file, and not a shipped template; set a path to a DeepSpeed "
+        f"JSON or a template name: z0 | z1 | z2 | z2_offload | z3 | z3_offload{suggestion}"
+    )
+
+
+def test_a_missing_file_elsewhere_is_not_replaced_by_a_template(tmp_path):
+    """Only a bare name or the examples/deepspeed/ form means a template: /my/dir/ds_z3_config.json
+    missing is an error, not silently the shipped file."""
+    with pytest.raises(ConfigError, match=r"ds_z3_config.json not found: no such file"):
+        ds.resolve_deepspeed_ref(tmp_path / "ds_z3_config.json")
+
+
+def _planner_deepspeed_values() -> list[tuple[str, int, bool, bool]]:
+    """(deepspeed value, stage, offload_optimizer, offload_param) for every ZeRO strategy the planner
+    considers, on one and on eight GPUs, as yaml_changes writes it."""
+    from transformers import Qwen2Config
+
+    from lmstack.plan import ModelSpec, PlanRequest
+    from lmstack.plan.recommend import candidate_strategies, search, yaml_changes
+
+    spec = ModelSpec.from_config(
+        Qwen2Config(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
+                    num_attention_heads=16, num_key_value_heads=4)
+    )  # fmt: skip
+    out = set()
+    for gpus in (1, 8):
+        req = PlanRequest(spec=spec, num_gpus=gpus, micro_batch=1, gradient_checkpointing=True, fused_ce=True)
+        for strategy in candidate_strategies(req):
+            for cand in search(req, [strategy]):
+                value = yaml_changes(req, cand).get("deepspeed")
+                if value is not None:
+                    s = cand.setup
+                    out.add((value, s.deepspeed_stage, s.offload_optimizer, s.offload_param))
+    return sorted(out)
+
+
+def test_the_planner_offers_every_zero_stage():
+    assert {stage for _, stage, _, _ in _planner_deepspeed_values()} == {1, 2, 3}
+
+
+@pytest.mark.parametrize(
+    ("value", "stage", "offload_optimizer", "offload_param"), _planner_deepspeed_values()
+)
+def test_every_deepspeed_value_the_planner_recommends_loads_far_from_the_checkout(
+    value, stage, offload_optimizer, offload_param, tmp_path, monkeypatch
+):
+    from lmstack.plan.auto import find_template
+
+    monkeypatch.chdir(tmp_path)
+    config = ds.load_deepspeed_config(value)
+    zero = config["zero_optimization"]
+    assert (ds.zero_stage(config), "offload_optimizer" in zero, "offload_param" in zero) == (
+        stage, offload_optimizer, offload_param
+    )  # fmt: skip
+    assert ds.load_deepspeed_config(find_template(value)) == config  # deepspeed: auto takes the same file
 
 
 def _write(tmp_path: Path, config) -> Path:
@@ -50,7 +148,7 @@ def _write(tmp_path: Path, config) -> Path:
 
 
 def test_missing_file_names_the_field(tmp_path):
-    with pytest.raises(ConfigError, match=r"deepspeed: .*nope.json not found; use a JSON file such as"):
+    with pytest.raises(ConfigError, match=r"deepspeed: .*nope.json not found: no such file"):
         ds.load_deepspeed_config(tmp_path / "nope.json")
 
 

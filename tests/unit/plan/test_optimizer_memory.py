@@ -84,7 +84,7 @@ def test_low_rank_optimizers_are_not_for_lora(specs) -> None:
     ],
 )
 def test_request_from_config_maps_the_yaml(tiny_model, tmp_path, fields, optimizer, rank) -> None:
-    from lmstack.plan.from_config import request_from_config
+    from lmstack.plan.whatif import request_from_config
 
     cfg = build_config(
         {

@@ -47,7 +47,7 @@ def test_7b_full_on_one_80gb_gpu_needs_offload(specs) -> None:
     rec = result.recommendation
     assert rec is not None and rec.candidate.fits and not rec.candidate.changes_method
     assert rec.candidate.setup.offload_optimizer or rec.candidate.setup.deepspeed_stage == 3
-    assert rec.yaml_changes["deepspeed"].startswith("examples/deepspeed/ds_z")
+    assert rec.yaml_changes["deepspeed"] in ("z2_offload", "z3", "z3_offload")  # shipped template names
     assert rec.candidate.estimate.gpu.total <= 80 * 0.92
     assert not result.configured.fits  # plain single-GPU full FT: 16 B/param = 113 GiB of states
 
@@ -103,7 +103,7 @@ def test_resolve_auto(specs) -> None:
         "fits",
         "message",
     }
-    assert out["fits"] and out["deepspeed"].endswith(".json") and out["message"].startswith("plan: auto ->")
+    assert out["fits"] and out["deepspeed"] in ("z2", "z3") and out["message"].startswith("plan: auto ->")
     fixed = resolve_auto(PlanRequest(spec=specs["qwen2.5-0.5b"], micro_batch=4, gradient_checkpointing=False,
                                      gpu_memory_gib=H200_GIB))  # fmt: skip
     assert set(fixed) == {"fits", "message"}

@@ -9,8 +9,8 @@ import warnings
 import pytest
 import yaml
 
+from lmstack.config import secrets
 from lmstack.config.load import build_config, save_config
-from lmstack.reliability import secrets
 
 
 @pytest.fixture
