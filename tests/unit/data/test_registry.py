@@ -12,6 +12,7 @@ from _data_helpers import REPO
 from lmstack.config.errors import DataError
 from lmstack.data.pipeline import build_datasets
 from lmstack.data.registry import get_dataset_attrs
+from lmstack.data.validate import check_data
 
 MM_DIR = REPO / "tests" / "fixtures" / "multimodal"
 REFUSED = "multimodal fine-tuning (images/videos/audios) is not available in lmstack yet"
@@ -65,3 +66,19 @@ def test_pipeline_and_streaming_refuse_before_a_record_is_read(
     cfg = make_cfg(dataset=name, dataset_dir=str(MM_DIR), streaming=streaming, max_steps=2)
     with pytest.raises(DataError, match=f"dataset {name}: columns.{key} = '{key}': {re.escape(REFUSED)}"):
         build_datasets(cfg, tiny_tokenizer, qwen)
+
+
+def test_check_refuses_an_eval_dataset_before_tokenizing_the_training_one(
+    make_cfg, tiny_tokenizer, qwen, monkeypatch
+):
+    import lmstack.data.pipeline as pipeline
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("no record may be read before every entry is accepted")
+
+    monkeypatch.setattr(pipeline, "read_records", no_read)
+    cfg = make_cfg(dataset="images_unmapped", eval_dataset="alpaca_images", dataset_dir=str(MM_DIR))
+    with pytest.raises(
+        DataError, match=f"dataset alpaca_images: columns.images = 'images': {re.escape(REFUSED)}"
+    ):
+        check_data(cfg, tiny_tokenizer, qwen)
