@@ -18,6 +18,12 @@ from lmstack.train.run import train
 
 REPO = Path(__file__).resolve().parents[2]
 BAD_DIR = REPO / "tests" / "fixtures" / "bad_data"
+MM_DIR = REPO / "tests" / "fixtures" / "multimodal"
+MM_REFUSED = (
+    "dataset mllm_demo: columns.images = 'images': multimodal fine-tuning (images/videos/audios) is not "
+    f"available in lmstack yet; remove the column from {MM_DIR / 'dataset_info.json'} to train on the "
+    "text alone"
+)
 MIX = "good_alpaca,bad_alpaca,bad_sharegpt,bad_openai"
 
 
@@ -48,11 +54,11 @@ def test_check_lists_every_problem_and_writes_the_report(base_cfg, weightless_mo
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "bad_alpaca (dataset): 11 records, 2 kept, 9 dropped" in out
-    assert "2 x missing field" in out and "1 x image without placeholder" in out
+    assert "9 dropped (6 x wrong type, 2 x missing field, 1 x empty response)" in out
     assert "bad_sharegpt.jsonl line 2: bad JSON line" in out
     assert "bad_sharegpt.jsonl line 3, field conversations[1].from: unknown role: 'bot'" in out
     assert "bad_openai.json record 6, field messages[4]: wrong role order" in out
-    assert "bad_alpaca.json record 6, field images: image without placeholder: 1 images but 0 <image>" in out
+    assert "bad_alpaca.json record 6, field input: wrong type: must be a string, got list" in out
     for part in ("prompt tokens", "response tokens", "total tokens"):
         assert part in out
     assert "p50" in out and "p95" in out and "max" in out
@@ -88,6 +94,31 @@ def test_check_clean_data_strict_passes_and_shows_the_trained_tokens(base_cfg, t
     assert "<|im_start|>assistant\n«" in out  # the prompt (with its template markup) is not trained
     coloured = format_report(report, color=True)
     assert f"\033[1;32m{first_answer}<|im_end|>\n\033[0m" in coloured and "«" not in coloured
+
+
+def test_check_refuses_multimodal_columns_naming_the_column(base_cfg, weightless_model, tmp_path, capsys):
+    """LF's mllm_demo entry: before, `<image>` was trained as text and check reported 0 problems."""
+    cfg = {**base_cfg, "model_name_or_path": str(weightless_model), "dataset": "mllm_demo"}
+    path = write_cfg(tmp_path, {**cfg, "dataset_dir": str(MM_DIR)})
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert MM_REFUSED in err and "or use a text dataset" in err
+    assert not (Path(cfg["output_dir"]) / "data_report.json").exists()
+
+
+def test_train_refuses_multimodal_columns_before_the_tokenizer_and_the_model(base_cfg, monkeypatch):
+    import lmstack.train.common as common
+    import lmstack.train.sft as sft
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("nothing may be loaded or tokenized for a refused dataset")
+
+    monkeypatch.setattr(common, "tokenizer_and_template", not_here)
+    monkeypatch.setattr(sft, "load_model", not_here)
+    with pytest.raises(DataError) as err:
+        train(None, {**base_cfg, "dataset": "mllm_demo", "dataset_dir": str(MM_DIR)})
+    assert str(err.value).startswith("dataset mllm_demo: columns.images = 'images': multimodal")
+    assert not Path(base_cfg["output_dir"]).exists()
 
 
 def test_check_reports_truncation(base_cfg, tmp_path):

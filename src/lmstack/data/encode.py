@@ -1,61 +1,32 @@
-"""Canonical example -> token ids + labels, per stage. Truncation is counted, never silent."""
+"""Canonical example -> token ids + labels, per stage. Truncation is counted, never silent.
+
+sft and pt are encoded here; the preference/RL stages in encode_pref.py. `ENCODERS` maps each stage
+to its encoder. The shared pieces live in encode_common.py and are re-exported here, so
+`from lmstack.data.encode import IGNORE_INDEX, DropExample, EncodeOptions, ...` keeps working.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-IGNORE_INDEX = -100
+from lmstack.data.encode_common import (
+    IGNORE_INDEX,
+    DropExample,
+    EncodeOptions,
+    encode_kwargs,
+    infer_seqlen,
+)
+from lmstack.data.encode_pref import encode_kto, encode_pairwise, encode_prompt_only
 
-
-@dataclass(frozen=True)
-class EncodeOptions:
-    stage: str
-    cutoff_len: int
-    train_on_prompt: bool = False
-    mask_history: bool = False
-    default_system: str | None = None
-    enable_thinking: bool | None = True
-    preserve_thinking: bool = False
-
-
-class DropExample(ValueError):
-    """The example cannot be trained on; counted in the data report by `kind` (default: the reason).
-    `field` is the record's field path when one field is to blame (e.g. the empty answer)."""
-
-    def __init__(self, reason: str, field: str | None = None, kind: str | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.field = field
-        self.kind = kind or reason
-
-
-def infer_seqlen(source_len: int, target_len: int, budget: int) -> tuple[int, int]:
-    """Split `budget` tokens between a source and a target (REFERENCE §3.4): keep a short target whole,
-    else keep a short source whole, else share the budget in proportion to the two lengths."""
-    if target_len * 2 < budget:
-        max_target = budget
-    elif source_len * 2 < budget:
-        max_target = budget - source_len
-    else:
-        max_target = int(budget * target_len / (source_len + target_len))
-    new_target = min(max_target, target_len)
-    new_source = min(max(budget - new_target, 0), source_len)
-    return new_source, new_target
-
-
-def _encode_kwargs(template: Any, example: dict, opts: EncodeOptions) -> dict:
-    system = example.get("system")
-    if system is None:
-        system = opts.default_system
-    kwargs: dict = {
-        "system": system,
-        "enable_thinking": opts.enable_thinking,
-        "preserve_thinking": opts.preserve_thinking,
-    }
-    if example.get("tools"):
-        kwargs["tools"] = example["tools"]
-    return kwargs
+__all__ = [
+    "ENCODERS",
+    "IGNORE_INDEX",
+    "DropExample",
+    "EncodeOptions",
+    "encode_pretrain",
+    "encode_supervised",
+    "infer_seqlen",
+]
 
 
 def encode_supervised(example: dict, tokenizer: Any, template: Any, opts: EncodeOptions) -> tuple[dict, bool]:
@@ -70,7 +41,7 @@ def encode_supervised(example: dict, tokenizer: Any, template: Any, opts: Encode
     if not example["response"][0]["content"].strip():
         raise DropExample("empty response", where)
     messages = example["prompt"] + example["response"]
-    pairs = template.encode_multiturn(tokenizer, messages, **_encode_kwargs(template, example, opts))
+    pairs = template.encode_multiturn(tokenizer, messages, **encode_kwargs(template, example, opts))
     if opts.mask_history:
         pairs = pairs[::-1]  # latest turn first, so truncation drops the oldest turns
     input_ids: list[int] = []
@@ -114,25 +85,13 @@ def encode_pretrain(example: dict, tokenizer: Any, template: Any, opts: EncodeOp
     return {"input_ids": ids, "labels": list(ids)}, truncated
 
 
-def _pref(name: str):
-    """Encoders of the preference/RL stages live in data/encode_pref.py (which imports this module)."""
-
-    def encode(example: dict, tokenizer: Any, template: Any, opts: EncodeOptions) -> tuple[dict, bool]:
-        from lmstack.data import encode_pref
-
-        return getattr(encode_pref, name)(example, tokenizer, template, opts)
-
-    encode.__name__ = name
-    return encode
-
-
 ENCODERS = {
     "sft": encode_supervised,
     "pt": encode_pretrain,
-    "rm": _pref("encode_pairwise"),
-    "dpo": _pref("encode_pairwise"),
-    "kto": _pref("encode_kto"),
-    "ppo": _pref("encode_prompt_only"),
-    "grpo": _pref("encode_prompt_only"),
-    "rloo": _pref("encode_prompt_only"),
+    "rm": encode_pairwise,
+    "dpo": encode_pairwise,
+    "kto": encode_kto,
+    "ppo": encode_prompt_only,
+    "grpo": encode_prompt_only,
+    "rloo": encode_prompt_only,
 }

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmstack.data.encode import IGNORE_INDEX, DropExample, EncodeOptions, _encode_kwargs, infer_seqlen
+from lmstack.data.encode_common import IGNORE_INDEX, DropExample, EncodeOptions, encode_kwargs, infer_seqlen
 
 
 def _prompt_and_answer(
@@ -27,7 +27,7 @@ def _prompt_and_answer(
     if not answer["content"].strip():
         raise DropExample("empty response")
     pairs = template.encode_multiturn(
-        tokenizer, example["prompt"] + [answer], **_encode_kwargs(template, example, opts)
+        tokenizer, example["prompt"] + [answer], **encode_kwargs(template, example, opts)
     )
     prompt = [i for src, tgt in pairs[:-1] for i in src + tgt] + list(pairs[-1][0])
     return prompt, list(pairs[-1][1])
@@ -84,7 +84,7 @@ def encode_prompt_only(
     messages = example["prompt"]
     if not messages:
         raise DropExample("empty prompt")
-    ids = template.encode_prompt(tokenizer, messages, **_encode_kwargs(template, example, opts))
+    ids = template.encode_prompt(tokenizer, messages, **encode_kwargs(template, example, opts))
     truncated = len(ids) > opts.cutoff_len
     return {"input_ids": list(ids[-opts.cutoff_len :])}, truncated
 

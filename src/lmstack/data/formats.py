@@ -5,13 +5,13 @@ Canonical example (a plain dict):
     response: [assistant] for sft; [chosen, rejected] for pairwise; [] when the column is absent (pt)
     system, tools: str | None;  kto_tag: bool | None
     response_field: the record's field path of the trained answer (names it in "empty response")
-    images/videos/audios: list of paths, only when the column is mapped
 A record that cannot be converted raises `RecordError(field, kind, detail)`; the loader adds file and
 index. Nothing is skipped here: the caller counts every problem by `kind` and lists each one.
 
 Problem kinds (what `lmstack check` and the training log count by): missing field, wrong type,
 empty response, empty conversation, wrong role order, unknown role, odd number of turns,
-wrong number of turns (ranking), bad JSON line, bad tool call, image without placeholder.
+wrong number of turns (ranking), bad JSON line, bad tool call.
+(Multimodal columns never get here: registry.py refuses them, lmstack has no multimodal support yet.)
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ import json
 from typing import Any
 
 from lmstack.data.registry import DatasetAttr
-
-MEDIA_PLACEHOLDERS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 
 
 class RecordError(ValueError):
@@ -329,32 +327,7 @@ def _check_openai_order(messages: list[dict], raw: list, col: str) -> None:
 CONVERTERS = {"alpaca": convert_alpaca, "sharegpt": convert_sharegpt, "openai": convert_openai}
 
 
-def _check_media(record: dict, attr: DatasetAttr, example: dict) -> None:
-    """Multimodal columns: the number of placeholders in the text must equal the list length."""
-    texts = [m["content"] for m in example["prompt"] + example["response"]]
-    for key, placeholder in MEDIA_PLACEHOLDERS.items():
-        col = attr.column(key)
-        if col is None:
-            continue
-        value = record.get(col)
-        value = [] if value is None else [value] if isinstance(value, str) else value
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise RecordError(col, "wrong type", "must be a list of file paths")
-        found = sum(t.count(placeholder) for t in texts)
-        if found != len(value):
-            kind = key[:-1]  # image / video / audio
-            raise RecordError(
-                col,
-                f"{kind} without placeholder" if found < len(value) else f"placeholder without {kind}",
-                f"{len(value)} {key} but {found} {placeholder} placeholder(s) in the text; "
-                f"put one {placeholder} where each goes",
-            )
-        example[key] = value
-
-
 def convert(record: Any, attr: DatasetAttr) -> dict:
     if not isinstance(record, dict):
         raise RecordError("<record>", "wrong type", f"must be an object, got {type(record).__name__}")
-    example = CONVERTERS[attr.formatting](record, attr)
-    _check_media(record, attr, example)
-    return example
+    return CONVERTERS[attr.formatting](record, attr)

@@ -42,6 +42,7 @@ TAG_DEFAULTS = {
     "function_tag": "function_call",
     "system_tag": "system",
 }
+MEDIA_COLUMNS = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}  # column -> placeholder
 OPENAI_TAGS = {
     "role_tag": "role",
     "content_tag": "content",
@@ -125,6 +126,7 @@ def _parse_entry(name: str, entry: dict, registry: Path) -> DatasetAttr:
     if bad:
         key = sorted(bad)[0]
         raise DataError(f"{where}: columns: unknown key {key!r}{did_you_mean(key, COLUMN_DEFAULTS)}")
+    _refuse_media(name, columns, registry)
     tags = dict(OPENAI_TAGS if formatting == "openai" else TAG_DEFAULTS)
     bad_tags = set(entry.get("tags") or {}) - set(TAG_DEFAULTS)
     if bad_tags:
@@ -151,6 +153,20 @@ def _parse_entry(name: str, entry: dict, registry: Path) -> DatasetAttr:
         columns=columns,
         tags=tags,
     )
+
+
+def _refuse_media(name: str, columns: dict, registry: Path) -> None:
+    """LF's multimodal columns need a processor and a vision/audio tower that lmstack does not load yet;
+    without them the `<image>` placeholders would be trained as plain text, so such an entry is refused
+    (in every format: the columns are read the same way for alpaca, sharegpt and openai)."""
+    for key, placeholder in MEDIA_COLUMNS.items():
+        if columns.get(key) is not None:
+            raise DataError(
+                f"dataset {name}: columns.{key} = {columns[key]!r}: multimodal fine-tuning "
+                "(images/videos/audios) is not available in lmstack yet; remove the column from "
+                f"{registry} to train on the text alone (a {placeholder} left in the text is then "
+                "plain text), or use a text dataset"
+            )
 
 
 def _safe_path(file_name: str, root: Path, where: str) -> str:

@@ -1,14 +1,17 @@
 """`lmstack check`: what the training data looks like to the trainer, without loading the model.
 
-`check_data(cfg, tokenizer, template)` returns a JSON-able report:
+`check_data(cfg, tokenizer, template, pt_split=False)` returns a JSON-able report:
   datasets[]: name, split (dataset | eval_dataset), records, kept, dropped {kind: n}, truncated,
               trainable_tokens, lengths {prompt, response, total: {p50, p95, max}} (tokens before
               truncation; prompt = masked tokens, response = trained tokens), problems[] (file,
               position = "record i" / "line n" / "row i", field path, kind, reason)
+              with pt_split also: split_texts (texts longer than cutoff_len), pieces (rows after
+              cutting them into cutoff_len pieces); truncated is then 0
   totals: the same counts summed; example: one encoded training sample as segments
   [{text, trained}] so the loss mask can be seen.
 The drop counts are computed exactly as `build_datasets` computes them (same functions), so
-`check` and `train` always agree.
+`check` and `train` always agree. `pt_split=True` is for stage pt trained packed (train/pt.py):
+there a long text is encoded whole and split into cutoff_len pieces, nothing truncated or dropped.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ from lmstack.data.pipeline import (
     load_one,
     read_limited,
 )
-from lmstack.data.registry import get_dataset_attrs
+from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.tokenized import TokenizedDataset
 
-UNLIMITED = 10**9
+WHOLE_TEXT = 1 << 30  # cutoff_len of a whole-record encode; train/pt.py encodes its texts with the same
 MAX_PRINTED_PROBLEMS = 50
 
 
@@ -79,14 +82,15 @@ def length_stats(data: TokenizedDataset) -> dict:
     }
 
 
-def example_segments(data: TokenizedDataset, tokenizer: Any) -> list[dict]:
-    """The first sample split into runs of trained / masked tokens, each decoded to text."""
+def example_segments(data: TokenizedDataset, tokenizer: Any, limit: int | None = None) -> list[dict]:
+    """The first sample (its first `limit` tokens: one cutoff_len piece of a long pt text) split into
+    runs of trained / masked tokens, each decoded to text."""
     key = _labels_key(data)
     if key is None or len(data) == 0:
         return []
     sample = data[0]
     ids_key = key[: -len("labels")] + "input_ids"
-    ids, labels = sample[ids_key], sample[key]
+    ids, labels = sample[ids_key][:limit], sample[key][:limit]
     segments: list[dict] = []
     start = 0
     for i in range(1, len(ids) + 1):
@@ -97,52 +101,83 @@ def example_segments(data: TokenizedDataset, tokenizer: Any) -> list[dict]:
     return segments
 
 
-def check_data(cfg: Config, tokenizer: Any, template: Any) -> dict:
+def check_data(cfg: Config, tokenizer: Any, template: Any, *, pt_split: bool = False) -> dict:
+    """The report of every dataset of `dataset` and `eval_dataset`. `pt_split` (stage pt only): the
+    texts are cut into cutoff_len pieces as packed pt training does (train/pt.py), not truncated."""
+    if pt_split and cfg.finetuning.stage != "pt":
+        raise ValueError(f"pt_split is for stage pt, not {cfg.finetuning.stage}")
     check_data_args(cfg)
-    opts = encode_options(cfg)
-    unlimited = dataclasses.replace(opts, cutoff_len=UNLIMITED)
+    attrs = [  # every entry parsed (and a refused one reported) before anything is tokenized
+        (split, attr)
+        for split, names in (("dataset", cfg.data.dataset), ("eval_dataset", cfg.data.eval_dataset))
+        for attr in get_dataset_attrs(names, cfg.data.dataset_dir, split)
+    ]
+    for _, attr in attrs:
+        check_ranking(attr, cfg.finetuning.stage)
     report: dict = {
         "stage": cfg.finetuning.stage,
         "template": getattr(template, "name", None),
         "cutoff_len": cfg.data.cutoff_len,
+        "pt_split": pt_split,
         "datasets": [],
         "example": [],
     }
-    for split, names in (("dataset", cfg.data.dataset), ("eval_dataset", cfg.data.eval_dataset)):
-        for attr in get_dataset_attrs(names, cfg.data.dataset_dir, split):
-            check_ranking(attr, cfg.finetuning.stage)
-            data, stats = load_one(cfg, attr, tokenizer, template, opts)
-            full = data  # nothing was cut: these are the real lengths
-            if stats.truncated:  # encode again without cutoff_len to see how long the records are
-                full, _ = encode_records(
-                    read_limited(attr, cfg.data.max_samples),
-                    attr,
-                    tokenizer,
-                    template,
-                    unlimited,
-                    cfg.data.preprocessing_num_workers or 1,
-                    cfg.data.preprocessing_batch_size,
-                )
-            entry = stats.to_dict()
-            entry.update(
-                split=split,
-                source=attr.source,
-                trainable_tokens=data.trainable_tokens(),
-                lengths=length_stats(full),
-            )
-            report["datasets"].append(entry)
-            if not report["example"] and split == "dataset":
-                report["example"] = example_segments(data, tokenizer)
-                report["example_dataset"] = attr.name
+    for split, attr in attrs:
+        entry, data = (_split_entry if pt_split else _entry)(cfg, attr, tokenizer, template)
+        entry.update(split=split, source=attr.source)
+        report["datasets"].append(entry)
+        if not report["example"] and split == "dataset":
+            report["example"] = example_segments(data, tokenizer, limit=cfg.data.cutoff_len)
+            report["example_dataset"] = attr.name
     report["totals"] = _totals(report["datasets"])
     return report
+
+
+def _entry(cfg: Config, attr: DatasetAttr, tokenizer: Any, template: Any) -> tuple[dict, TokenizedDataset]:
+    """One dataset encoded as training encodes it (cut to cutoff_len); lengths from the whole records."""
+    opts = encode_options(cfg)
+    data, stats = load_one(cfg, attr, tokenizer, template, opts)
+    full = data  # nothing was cut: these are the real lengths
+    if stats.truncated:  # encode again without cutoff_len to see how long the records are
+        full, _ = encode_records(
+            read_limited(attr, cfg.data.max_samples),
+            attr,
+            tokenizer,
+            template,
+            dataclasses.replace(opts, cutoff_len=WHOLE_TEXT),
+            cfg.data.preprocessing_num_workers or 1,
+            cfg.data.preprocessing_batch_size,
+        )
+    entry = stats.to_dict()
+    entry.update(trainable_tokens=data.trainable_tokens(), lengths=length_stats(full))
+    return entry, data
+
+
+def _split_entry(
+    cfg: Config, attr: DatasetAttr, tokenizer: Any, template: Any
+) -> tuple[dict, TokenizedDataset]:
+    """One pt dataset as packed pt training sees it: each text encoded whole, then cut into consecutive
+    pieces of at most cutoff_len tokens (every token kept and trained, nothing truncated)."""
+    opts = dataclasses.replace(encode_options(cfg), cutoff_len=WHOLE_TEXT)
+    data, stats = load_one(cfg, attr, tokenizer, template, opts)
+    lengths = data.lengths()
+    block = cfg.data.cutoff_len
+    entry = stats.to_dict()
+    entry.update(
+        truncated=0,
+        split_texts=int((lengths > block).sum()),
+        pieces=int((-(-lengths // block)).sum()),
+        trainable_tokens=data.trainable_tokens(),
+        lengths=length_stats(data),
+    )
+    return entry, data
 
 
 def _totals(datasets: list[dict]) -> dict:
     dropped: Counter = Counter()
     for d in datasets:
         dropped.update(d["dropped"])
-    return {
+    totals = {
         "records": sum(d["records"] for d in datasets),
         "kept": sum(d["kept"] for d in datasets),
         "dropped": dict(dropped),
@@ -150,6 +185,11 @@ def _totals(datasets: list[dict]) -> dict:
         "trainable_tokens": sum(d["trainable_tokens"] for d in datasets),
         "problems": sum(len(d["problems"]) for d in datasets),
     }
+    if datasets and "pieces" in datasets[0]:
+        totals.update(
+            split_texts=sum(d["split_texts"] for d in datasets), pieces=sum(d["pieces"] for d in datasets)
+        )
+    return totals
 
 
 # ---- text rendering ----------------------------------------------------------------------------
@@ -166,14 +206,23 @@ def render_example(segments: list[dict], color: bool) -> str:
     return "".join(out)
 
 
+def _pieces(counts: dict) -> str:
+    return f"{counts['split_texts']} split ({counts['kept']} texts -> {counts['pieces']} pieces)"
+
+
 def format_report(report: dict, color: bool = False) -> str:
-    lines = [f"stage {report['stage']}, template {report['template']}, cutoff_len {report['cutoff_len']}", ""]
+    head = f"stage {report['stage']}, template {report['template']}, cutoff_len {report['cutoff_len']}"
+    if report.get("pt_split"):
+        head += " (texts longer than cutoff_len are split into cutoff_len pieces, not truncated)"
+    lines = [head, ""]
     for d in report["datasets"]:
         dropped = sum(d["dropped"].values())
         lines.append(
             f"{d['name']} ({d['split']}): {d['records']} records, {d['kept']} kept, {dropped} dropped"
             + (f" ({format_dropped(DatasetStats.from_dict(d))})" if dropped else "")
-            + f", {d['truncated']} truncated, {d['trainable_tokens']} trainable tokens"
+            + f", {d['truncated']} truncated"
+            + (f", {_pieces(d)}" if "pieces" in d else "")
+            + f", {d['trainable_tokens']} trainable tokens"
         )
         for part in ("prompt", "response", "total"):
             p = d["lengths"][part]
@@ -188,7 +237,9 @@ def format_report(report: dict, color: bool = False) -> str:
     lines += [
         "",
         f"total: {t['records']} records, {t['kept']} kept, {sum(t['dropped'].values())} dropped, "
-        f"{t['truncated']} truncated, {t['trainable_tokens']} trainable tokens, {t['problems']} problems",
+        f"{t['truncated']} truncated, "
+        + (f"{_pieces(t)}, " if "pieces" in t else "")
+        + f"{t['trainable_tokens']} trainable tokens, {t['problems']} problems",
     ]
     if report["example"]:
         legend = "trained tokens in bold green, masked ones dimmed" if color else "trained tokens inside « »"

@@ -115,3 +115,35 @@ def test_column_defaults_cover_lf_keys():
         "kto_tag",
     ):
         assert key in COLUMN_DEFAULTS
+
+
+def test_the_encoder_modules_form_no_import_circle():
+    """encode.py imports encode_pref.py for ENCODERS; encode_pref.py must not import encode.py back
+    (not even inside a function): both take the shared pieces from encode_common.py."""
+    import ast
+    from pathlib import Path
+
+    import lmstack.data as data_pkg
+
+    folder = Path(data_pkg.__file__).parent
+    graph = {}
+    for path in folder.glob("encode*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "lmstack.data":
+                imported |= {f"lmstack.data.{a.name}" for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+        graph[f"lmstack.data.{path.stem}"] = imported & {
+            f"lmstack.data.{p.stem}" for p in folder.glob("*.py")
+        }
+
+    def reaches(start, goal, seen=()):
+        return any(
+            n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph.get(start, ())
+        )
+
+    assert "lmstack.data.encode_pref" in graph["lmstack.data.encode"]
+    assert [m for m in graph if reaches(m, m)] == []
