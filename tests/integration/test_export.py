@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmstack.cli.main import main
 from lmstack.config.errors import ConfigError
-from lmstack.models.export import export
+from lmstack.infer.export import export
 from lmstack.templates import get_template
 from lmstack.train.run import train
 
@@ -222,7 +222,7 @@ def test_lora_reward_model_export_keeps_the_value_head_beside_the_adapter(adapte
 def test_template_unset_keeps_the_tokenizer_chat_template(tiny_model, tiny_tokenizer, tmp_path, caplog):
     out = tmp_path / "export"
     cfg = {"model_name_or_path": str(tiny_model), "finetuning_type": "full", "export_dir": str(out)}
-    with caplog.at_level("WARNING", logger="lmstack.models.export"):
+    with caplog.at_level("WARNING", logger="lmstack.infer.export"):
         export(None, cfg)
     assert "no Ollama Modelfile" in caplog.text and not (out / "Modelfile").exists()
     tok = AutoTokenizer.from_pretrained(out)

@@ -6,7 +6,7 @@ import argparse
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from lmstack.models.export import export
+    from lmstack.infer.export import export
 
     out = export(args.config, args.overrides)
     print(f"exported to {out}")
