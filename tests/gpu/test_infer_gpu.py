@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lmstack.infer.engine import ChatEngine, load_infer_config
-from lmstack.models.export import export
+from lmstack.infer.export import export
 
 pytestmark = pytest.mark.gpu
 HELLO = [{"role": "user", "content": "Hello there"}]

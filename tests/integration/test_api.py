@@ -41,16 +41,14 @@ def engine(api_cfg) -> ChatEngine:
     return ChatEngine.from_config(load_infer_config(None, api_cfg))
 
 
-@pytest.fixture(scope="module")
-def server(api_cfg, tmp_path_factory):
+def start_api(root: Path, cfg: dict, *args: str) -> tuple[str, subprocess.Popen]:
     """(base_url, process): `lmstack api --port 0` in a subprocess; the URL is read from its stdout."""
-    root = tmp_path_factory.mktemp("api")
-    (root / "api.yaml").write_text(yaml.safe_dump(api_cfg))
+    (root / "api.yaml").write_text(yaml.safe_dump(cfg))
     out, err = (root / "stdout.txt").open("w"), (root / "stderr.txt").open("w")
-    cmd = [sys.executable, "-m", "lmstack.cli.main", "api", str(root / "api.yaml"), "--port", "0"]
-    proc = subprocess.Popen(
-        [*cmd, "--api-key", KEY, "--model-name", "tiny-qwen"], stdout=out, stderr=err, env=ENV
-    )
+    cmd = [sys.executable, "-m", "lmstack.cli.main", "api", str(root / "api.yaml"), "--port", "0", *args]
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=ENV)
+    out.close()
+    err.close()
     url = None
     deadline = time.time() + 180
     while url is None and time.time() < deadline and proc.poll() is None:
@@ -59,11 +57,21 @@ def server(api_cfg, tmp_path_factory):
     if url is None:
         proc.kill()
         pytest.fail(f"server did not start:\n{(root / 'stderr.txt').read_text()[-3000:]}")
-    yield url, proc
+    return url, proc
+
+
+def stop_api(proc: subprocess.Popen) -> None:
     proc.terminate()
     proc.wait(timeout=30)
-    out.close()
-    err.close()
+
+
+@pytest.fixture(scope="module")
+def server(api_cfg, tmp_path_factory):
+    url, proc = start_api(
+        tmp_path_factory.mktemp("api"), api_cfg, "--api-key", KEY, "--model-name", "tiny-qwen"
+    )
+    yield url, proc
+    stop_api(proc)
 
 
 @pytest.fixture(scope="module")
@@ -207,3 +215,31 @@ def test_api_key_from_the_environment_satisfies_the_bind_check(api_cfg, tmp_path
     assert result.returncode == 2
     assert "API key is required" not in result.stderr  # got past the bind check ...
     assert "model_name_or_path: directory not found" in result.stderr  # ... to the model check
+
+
+def test_api_on_a_lora_training_yaml_serves_the_adapter_in_output_dir_under_its_name(base_cfg, tmp_path):
+    from lmstack.train.run import train
+
+    run = {
+        **base_cfg,
+        "output_dir": str(tmp_path / "my-lora-run"),
+        "max_steps": 3,
+        "max_samples": 24,
+        "do_sample": False,
+        "max_new_tokens": CAP,
+    }
+    train(None, run)
+    explicit = {**run, "adapter_name_or_path": run["output_dir"]}
+    expected = ChatEngine.from_config(load_infer_config(None, explicit)).generate(HELLO).text
+    root = tmp_path / "api"
+    root.mkdir()
+    url, proc = start_api(root, run, "--api-key", KEY)  # no --model-name: the adapter's folder name
+    try:
+        client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=120)
+        assert [m.id for m in client.models.list().data] == ["my-lora-run"]
+        reply = client.chat.completions.create(model="my-lora-run", messages=HELLO)
+        assert reply.choices[0].message.content == expected
+    finally:
+        stop_api(proc)
+    line = f"adapter_name_or_path is unset: using the LoRA adapter trained in output_dir {run['output_dir']}"
+    assert line in (root / "stderr.txt").read_text()

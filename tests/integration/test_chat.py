@@ -1,14 +1,22 @@
-"""`lmstack chat` driven through a pseudo-terminal: streamed replies with history, `clear`, `exit`."""
+"""`lmstack chat` driven through a pseudo-terminal: streamed replies with history, `clear`, `exit`;
+on a training YAML, chat (like api and export) uses what training wrote to output_dir."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import sys
+from pathlib import Path
 
 import pexpect
+import pytest
+import torch
 import yaml
 
+from lmstack.config.errors import ConfigError
 from lmstack.infer.engine import ChatEngine, load_infer_config
+from lmstack.train.run import train
 
 
 def test_chat_in_a_terminal_streams_replies_keeps_history_and_clears_it(tiny_model, tmp_path):
@@ -114,3 +122,157 @@ def test_stop_strings_end_the_reply_before_them_also_when_streaming(tiny_model):
     pieces = list(stream)
     assert "".join(pieces) == expected and stream.result.text == expected
     assert stream.result.finish_reason == "stop"
+
+
+# ---- a training YAML: chat/api/export use what training wrote to output_dir --------------------
+HELLO = [{"role": "user", "content": "Hello there"}]
+_RUNS: dict[str, dict] = {}
+
+
+@pytest.fixture
+def runs(base_cfg, tmp_path_factory) -> dict[str, dict]:
+    """Training YAMLs (as dicts) of a LoRA and a full SFT run, trained once per module."""
+    if not _RUNS:
+        root = tmp_path_factory.mktemp("chat_runs")
+        for kind in ("lora", "full"):
+            run = {
+                **base_cfg,
+                "finetuning_type": kind,
+                "output_dir": str(root / kind),
+                "max_steps": 3,
+                "max_samples": 24,
+                "do_sample": False,
+                "max_new_tokens": 10,
+            }
+            train(None, run)
+            _RUNS[kind] = run
+    return _RUNS
+
+
+def inference_only(run: dict) -> dict:
+    keep = ("model_name_or_path", "template", "do_sample", "max_new_tokens")
+    return {k: run[k] for k in keep}
+
+
+def logits(model, tokenizer) -> torch.Tensor:
+    ids = torch.tensor([tokenizer("Hello, how can I help you today?")["input_ids"]])
+    with torch.no_grad():
+        return model(input_ids=ids.to(model.device)).logits.float()
+
+
+def test_chat_on_a_lora_training_yaml_uses_the_adapter_in_output_dir_and_says_so(runs, tmp_path):
+    run = runs["lora"]
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(run))
+    explicit = {**run, "adapter_name_or_path": run["output_dir"]}
+    expected = ChatEngine.from_config(load_infer_config(None, explicit)).generate(HELLO).text
+    base = ChatEngine.from_config(load_infer_config(None, inference_only(run))).generate(HELLO).text
+    assert expected != base  # the adapter changes the reply
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "lmstack.cli.main", "chat", str(path)],
+        encoding="utf-8",
+        codec_errors="replace",
+        timeout=180,
+        env=env,
+        dimensions=(50, 1000),
+    )
+    try:
+        child.expect_exact("Type `clear` to forget the history, `exit` to quit.")
+        startup = child.before.replace("\r\n", "\n")
+        child.expect_exact("User: ")
+        child.sendline("Hello there")
+        child.expect_exact("Assistant: ")
+        child.expect_exact("User: ")
+        reply = child.before.replace("\r\n", "\n")
+        child.sendline("exit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    line = f"adapter_name_or_path is unset: using the LoRA adapter trained in output_dir {run['output_dir']}"
+    assert reply == expected + "\n\n"
+    assert line in startup
+
+
+def test_a_full_training_yaml_loads_the_weights_in_output_dir_and_says_so(runs, caplog):
+    from transformers import AutoModelForCausalLM
+
+    run = runs["full"]
+    with caplog.at_level(logging.INFO, logger="lmstack.infer"):
+        cfg = load_infer_config(None, run)
+    engine = ChatEngine.from_config(cfg)
+    trained = AutoModelForCausalLM.from_pretrained(run["output_dir"], dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(run["model_name_or_path"], dtype=torch.float32).eval()
+    expected = logits(trained, engine.tokenizer)
+    assert not torch.allclose(expected, logits(base, engine.tokenizer), atol=1e-3)  # training changed it
+    torch.testing.assert_close(logits(engine.model, engine.tokenizer), expected, atol=1e-5, rtol=0)
+    assert cfg.model.model_name_or_path == run["output_dir"] and cfg.model.adapter_name_or_path is None
+    assert f"loading the full-finetuned model trained in output_dir {run['output_dir']}" in caplog.text
+
+
+@pytest.mark.parametrize("where", ["unset", "emptied by an override", "missing", "empty", "checkpoints only"])
+def test_without_trained_outputs_the_base_model_is_used_and_a_line_says_so(
+    runs, tiny_model, tmp_path, caplog, where
+):
+    out = tmp_path / "run"
+    if where == "empty":
+        out.mkdir()
+    if where == "checkpoints only":  # an interrupted run: no final adapter in output_dir itself
+        shutil.copytree(Path(runs["lora"]["output_dir"]) / "checkpoint-3", out / "checkpoint-3")
+    run = {**inference_only(runs["lora"]), "finetuning_type": "lora"}
+    if where == "emptied by an override":  # `lmstack chat train.yaml output_dir=`: the base model
+        run = {**runs["lora"], "output_dir": None}
+    elif where != "unset":
+        run["output_dir"] = str(out)
+    with caplog.at_level(logging.INFO, logger="lmstack.infer"):
+        cfg = load_infer_config(None, run)
+    assert (cfg.model.model_name_or_path, cfg.model.adapter_name_or_path) == (str(tiny_model), None)
+    if where in ("unset", "emptied by an override"):
+        assert (
+            f"adapter_name_or_path and output_dir are unset: using the base model {tiny_model}" in caplog.text
+        )
+    else:
+        assert f"output_dir {out} holds no trained outputs" in caplog.text
+        assert f"using the base model {tiny_model}" in caplog.text
+    if where == "checkpoints only":
+        assert "checkpoint-3" in caplog.text and "adapter_name_or_path" in caplog.text
+
+
+def test_an_adapter_trained_on_another_base_is_refused_naming_both(runs, tiny_model, tmp_path):
+    run = runs["lora"]
+    other = tmp_path / "other-base"
+    shutil.copytree(tiny_model, other)
+    with pytest.raises(ConfigError) as err:
+        load_infer_config(None, {**run, "model_name_or_path": str(other)})
+    message = str(err.value)
+    assert (
+        f"was trained on {str(tiny_model)!r}" in message
+        and f"model_name_or_path is {str(other)!r}" in message
+    )
+    assert f"set model_name_or_path: {tiny_model}" in message
+    # the same base under another spelling of its path is no mismatch
+    same = tmp_path / "elsewhere" / tiny_model.name
+    shutil.copytree(tiny_model, same)
+    cfg = load_infer_config(None, {**run, "model_name_or_path": str(same)})
+    assert cfg.model.adapter_name_or_path == run["output_dir"]
+    # an explicit adapter_name_or_path is taken as given, as before
+    explicit = {**run, "model_name_or_path": str(other), "adapter_name_or_path": run["output_dir"]}
+    assert load_infer_config(None, explicit).model.model_name_or_path == str(other)
+
+
+@pytest.mark.parametrize(
+    "kind, finetuning_type, message",
+    [
+        ("lora", "full", r"holds a LoRA adapter \(adapter_config.json\) but finetuning_type is 'full'"),
+        (
+            "full",
+            "lora",
+            r"holds full model weights \(config.json \+ model.safetensors\) but finetuning_type is",
+        ),
+    ],
+)
+def test_outputs_that_do_not_match_finetuning_type_are_refused(runs, kind, finetuning_type, message):
+    with pytest.raises(ConfigError, match=message):
+        load_infer_config(None, {**runs[kind], "finetuning_type": finetuning_type})

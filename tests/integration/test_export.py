@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lmstack.cli.main import main
 from lmstack.config.errors import ConfigError
-from lmstack.models.export import export
+from lmstack.infer.export import export
 from lmstack.templates import get_template
 from lmstack.train.run import train
 
@@ -222,7 +222,7 @@ def test_lora_reward_model_export_keeps_the_value_head_beside_the_adapter(adapte
 def test_template_unset_keeps_the_tokenizer_chat_template(tiny_model, tiny_tokenizer, tmp_path, caplog):
     out = tmp_path / "export"
     cfg = {"model_name_or_path": str(tiny_model), "finetuning_type": "full", "export_dir": str(out)}
-    with caplog.at_level("WARNING", logger="lmstack.models.export"):
+    with caplog.at_level("WARNING", logger="lmstack.infer.export"):
         export(None, cfg)
     assert "no Ollama Modelfile" in caplog.text and not (out / "Modelfile").exists()
     tok = AutoTokenizer.from_pretrained(out)
@@ -245,3 +245,36 @@ def test_shipped_export_and_inference_examples_run(adapters, tiny_model, tmp_pat
     assert (cfg.generating.temperature, cfg.generating.max_new_tokens) == (0.7, 256)
     reply = ChatEngine.from_config(cfg).generate(CONV, max_new_tokens=4)
     assert reply.completion_tokens <= 4
+
+
+def test_export_on_the_lora_training_yaml_merges_the_adapter_trained_in_output_dir(
+    adapters, base_cfg, tiny_model, tiny_tokenizer, tmp_path, capsys
+):
+    a, _ = adapters
+    out = tmp_path / "merged"
+    run = {**base_cfg, "output_dir": str(a), "seed": 0, "max_steps": 3, "max_samples": 24}  # run a's YAML
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({**run, "export_dir": str(out)}))
+    assert main(["export", str(config)]) == 0  # logs to stderr
+    x = ids(tiny_tokenizer)
+    expected = logits(reference(tiny_model, a), x)
+    assert not torch.allclose(expected, logits(reference(tiny_model), x), atol=1e-3)
+    exported = AutoModelForCausalLM.from_pretrained(out).eval()
+    torch.testing.assert_close(logits(exported, x), expected, atol=1e-4, rtol=0)
+    line = f"adapter_name_or_path is unset: using the LoRA adapter trained in output_dir {a}"
+    assert line in capsys.readouterr().err
+
+
+def test_export_on_a_full_training_yaml_reexports_the_weights_trained_in_output_dir(
+    base_cfg, tiny_model, tmp_path
+):
+    run = {**base_cfg, "finetuning_type": "full", "max_steps": 3, "max_samples": 24}
+    train(None, run)
+    out = tmp_path / "export"
+    export(None, {**run, "export_dir": str(out)})
+    exported = load_file(out / "model.safetensors")
+    trained = load_file(Path(run["output_dir"]) / "model.safetensors")
+    base = load_file(tiny_model / "model.safetensors")
+    assert exported.keys() == trained.keys()
+    assert all(torch.equal(exported[k], trained[k]) for k in trained)
+    assert not all(torch.equal(exported[k], base[k]) for k in base)  # not the base model

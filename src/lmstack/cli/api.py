@@ -31,7 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
             "max_new_tokens in the YAML is the default and the upper bound of a request's max_tokens."
         ),
     )
-    p.add_argument("config", help="YAML config (the training YAML works; output_dir is not needed)")
+    p.add_argument(
+        "config",
+        help="YAML config; a training YAML works: with adapter_name_or_path unset, the adapter or model "
+        "trained in its output_dir is used (output_dir= on the command line: the base model)",
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_new_tokens=512")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port, printed)")

@@ -62,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
             "repetition_penalty) come from the YAML."
         ),
     )
-    p.add_argument("config", help="YAML config (the training YAML works; output_dir is not needed)")
+    p.add_argument(
+        "config",
+        help="YAML config; a training YAML works: with adapter_name_or_path unset, the adapter or model "
+        "trained in its output_dir is used (output_dir= on the command line: the base model)",
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. temperature=0.7")
     p.set_defaults(func=cmd_chat)

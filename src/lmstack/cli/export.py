@@ -6,7 +6,7 @@ import argparse
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from lmstack.models.export import export
+    from lmstack.infer.export import export
 
     out = export(args.config, args.overrides)
     print(f"exported to {out}")
@@ -18,11 +18,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export",
         help="merge LoRA adapters into the base, save safetensors + tokenizer + chat template + Modelfile",
         description=(
-            "Merge adapter_name_or_path (comma-separated, in order) into model_name_or_path, cast to "
+            "Merge adapter_name_or_path (comma-separated, in order; unset on a training YAML: the adapter "
+            "in output_dir) into model_name_or_path, cast to "
             "infer_dtype and save into export_dir (shards of export_size GB), with the tokenizer, a chat "
             "template rendering the training template, and an Ollama Modelfile."
         ),
     )
-    p.add_argument("config", help="YAML config (the training YAML works; output_dir is not needed)")
+    p.add_argument(
+        "config",
+        help="YAML config; a training YAML works: with adapter_name_or_path unset, the adapter or model "
+        "trained in its output_dir is used (output_dir= on the command line: the base model)",
+    )
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. export_dir=merged")
     p.set_defaults(func=cmd_export)

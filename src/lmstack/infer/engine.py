@@ -1,10 +1,11 @@
 """Generation shared by `lmstack chat`, `lmstack api`, the web UI and `lmstack export`.
 
-The base model is loaded in `infer_dtype`, every adapter of `adapter_name_or_path` is merged into it
-in order, and prompts are encoded with the training template (`template`, `default_system`,
-`enable_thinking`, `preserve_thinking`), so inference sees exactly the ids training saw. Generation
-stops at the template's stop tokens (plus the model's own EOS ids); the stop token is never part of
-the returned text. One generation runs at a time (`ChatEngine.lock`).
+`load_infer_config` reads the YAML; with `adapter_name_or_path` unset it takes what training wrote to
+`output_dir` (`infer/trained.py`). The base model is loaded in `infer_dtype`, every adapter of
+`adapter_name_or_path` is merged into it in order, and prompts are encoded with the training template
+(`template`, `default_system`, `enable_thinking`, `preserve_thinking`), so inference sees exactly the
+ids training saw. Generation stops at the template's stop tokens (plus the model's own EOS ids); the
+stop token is never part of the returned text. One generation runs at a time (`ChatEngine.lock`).
 """
 
 from __future__ import annotations
@@ -19,19 +20,19 @@ from typing import Any
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config, load_yaml, parse_overrides
 from lmstack.config.schema import Config
+from lmstack.infer.trained import NO_OUTPUT_DIR, resolve_trained_model
 
 logger = logging.getLogger(__name__)
 
-# `output_dir` is a training field (required by `lmstack train`); inference commands never write it.
-_UNUSED_OUTPUT_DIR = "unused-by-inference"
-
 
 def load_infer_config(path: str | Path | None, overrides: list[str] | dict | None = None) -> Config:
-    """The same YAML as `lmstack train`; `output_dir` may be left out (export/chat/api do not use it)."""
+    """The same YAML as `lmstack train`, for chat/api/export: with adapter_name_or_path unset, what
+    training wrote to `output_dir` is used (`resolve_trained_model`); `output_dir` may be left out."""
     flat = load_yaml(path) if path is not None else {}
     flat.update(overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or [])))
-    flat.setdefault("output_dir", _UNUSED_OUTPUT_DIR)
-    return build_config(flat)
+    if flat.get("output_dir") in (None, ""):
+        flat["output_dir"] = NO_OUTPUT_DIR
+    return resolve_trained_model(build_config(flat))
 
 
 def adapter_dirs(cfg: Config) -> list[str]:

@@ -5,6 +5,7 @@ Public API: `get_template(name, tokenizer=None)`, `template_from_tokenizer(token
 """
 
 from lmstack.templates.jinja import TokenizerTemplate, template_from_tokenizer
-from lmstack.templates.template import Template, get_template, list_templates
+from lmstack.templates.lookup import get_template
+from lmstack.templates.template import Template, list_templates
 
 __all__ = ["Template", "TokenizerTemplate", "get_template", "list_templates", "template_from_tokenizer"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmstack.config.errors import ConfigError
-from lmstack.templates.template import Template, _builtin, _from_data, check_roles, fix_special_tokens
+from lmstack.templates.template import Template, builtin_template, check_roles, fix_special_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def template_from_tokenizer(tokenizer: Any) -> TokenizerTemplate | Template:
             name=f"{getattr(tokenizer, 'name_or_path', '') or 'tokenizer'} chat template"
         )
     logger.warning("template unset and the tokenizer has no chat template: using the 'empty' template")
-    return _from_data(_builtin()["empty"])
+    return builtin_template("empty")
 
 
 def _hf_message(message: dict) -> dict:

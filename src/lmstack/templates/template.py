@@ -30,15 +30,12 @@ import re
 from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from lmstack.config.errors import ConfigError, did_you_mean
 from lmstack.templates.tools import TOOL_FORMATS, TOOLS_BEFORE_SYSTEM, format_calls, format_tools
-
-if TYPE_CHECKING:
-    from lmstack.templates.jinja import TokenizerTemplate
 
 USER_ROLES = ("user", "observation")
 ASSISTANT_ROLES = ("assistant", "function")
@@ -355,17 +352,8 @@ def _from_data(data: dict) -> Template:
     return Template(**data)
 
 
-def get_template(name: str | None, tokenizer: Any = None) -> Template | TokenizerTemplate:
-    """A built-in template by name; with `name=None`, one derived from the tokenizer's own chat
-    template (`empty` when it has none)."""
-    if name is None:
-        from lmstack.templates.jinja import template_from_tokenizer
-
-        if tokenizer is None:
-            raise ConfigError(
-                "template: unset and no tokenizer to take a chat template from; set template: <name>"
-            )
-        return template_from_tokenizer(tokenizer)
+def builtin_template(name: str) -> Template:
+    """A built-in template by name (the YAML files in `builtin/`)."""
     table = _builtin()
     if name not in table:
         raise ConfigError(

@@ -204,7 +204,7 @@ def build_trainer(
 def save_template_in_tokenizer(tokenizer: Any, template: Any) -> None:
     """The saved tokenizer chats in the training format (a built-in template becomes its Jinja twin),
     so inference from output_dir matches training (LF pitfall #7978)."""
-    from lmstack.infer.chat_template import to_jinja
+    from lmstack.templates.export_formats import to_jinja
     from lmstack.templates.template import Template
 
     if isinstance(template, Template):

@@ -56,8 +56,8 @@ def _value_head(cfg: Config) -> Path | None:
 
 
 def write_export(cfg: Config, model: Any, tokenizer: Any, template: Any, out: Path) -> None:
-    from lmstack.infer.chat_template import ollama_modelfile, to_jinja
     from lmstack.templates import Template
+    from lmstack.templates.export_formats import ollama_modelfile, to_jinja
 
     out.mkdir(parents=True, exist_ok=True)
     stops = stop_token_ids(model, tokenizer, template)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import jinja2
 import pytest
 
-from lmstack.infer.chat_template import ollama_modelfile, to_jinja
 from lmstack.templates import get_template, list_templates
+from lmstack.templates.export_formats import ollama_modelfile, to_jinja
 from lmstack.tiny import build_tokenizer
 
 CORPUS = ["Hello, how can I help you today?", "Weather in Paris? 你好 <think>\n4\n</think>\n\n"] * 4
