@@ -152,7 +152,7 @@ def apply_liger_kernel(cfg: Config, model: Any, device_type: str = "cuda") -> bo
             ", ".join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN)),
         )
         return False
-    fused_ce = cfg.finetuning.stage not in LOGIT_STAGES and not cfg.finetuning.compute_accuracy
+    fused_ce = cfg.finetuning.stage not in LOGIT_STAGES  # eval (model.eval()) still returns the logits
     _apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=fused_ce)
     logger.info(
         "enable_liger_kernel: Liger kernels applied to %s (%s)",

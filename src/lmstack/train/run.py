@@ -51,6 +51,14 @@ def preflight(cfg: Config) -> None:
     from lmstack.train.rlhf import check_stage_config
 
     check_stage_config(cfg)  # sft-only fields elsewhere, rewards, reference models, kto/grpo batch rules
+    from lmstack.train.metrics import warn_compute_accuracy
+
+    warn_compute_accuracy(  # a warning when it has no effect: another stage, or nothing is evaluated
+        cfg.finetuning.compute_accuracy,
+        cfg.finetuning.stage,
+        has_eval_data=bool(cfg.data.val_size or cfg.data.eval_dataset),
+        evaluates=cfg.training.do_eval or cfg.training.eval_strategy != "no",
+    )
 
 
 def train(config_path: str | None, overrides: list[str] | dict | None = None) -> dict:
