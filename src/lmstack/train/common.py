@@ -26,6 +26,7 @@ OWN_OUTPUTS = (
     "all_results.json",
     "training_loss.png",
     "training_eval_loss.png",
+    "training_eval_accuracy.png",  # compute_accuracy (sft, pt); rm
     "run_manifest.json",
     "value_head.safetensors",  # rm / ppo
     "training_rewards_accuracies.png",  # dpo
@@ -182,6 +183,7 @@ def build_trainer(
 
     from lmstack.reliability.trainer import reliable
     from lmstack.train.master_weights import with_master_weights
+    from lmstack.train.metrics import accuracy_trainer_kwargs
     from lmstack.train.optimizers import create_optimizer, method_callbacks
 
     cfg = plan.cfg
@@ -198,6 +200,7 @@ def build_trainer(
         processing_class=tokenizer,
         callbacks=make_callbacks(cfg) + method_callbacks(cfg),
         optimizers=(create_optimizer(cfg, model, args), None),  # None: the Trainer builds it from `optim`
+        **accuracy_trainer_kwargs(cfg.finetuning.compute_accuracy),  # eval_accuracy (LF's compute_accuracy)
     )
 
 
@@ -329,5 +332,7 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
         if cfg.finetuning.plot_loss:
             from lmstack.train.plots import plot_metrics
 
-            for path in plot_metrics(cfg.training.output_dir, ["loss", "eval_loss", *plot_keys]):
+            for path in plot_metrics(
+                cfg.training.output_dir, ["loss", "eval_loss", "eval_accuracy", *plot_keys]
+            ):
                 logger.info("wrote %s", path)
