@@ -15,7 +15,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from transformers import AutoModelForCausalLM
 
 from lmstack.config.errors import LmstackError
-from lmstack.train.adapter_save import check_adapter_file, load_fsdp_adapter, save_fsdp_adapter
+from lmstack.models.adapter_save import check_adapter_file, load_fsdp_adapter, save_fsdp_adapter
 
 BASE, OUT, MODE = sys.argv[1], sys.argv[2], sys.argv[3]  # MODE: fsdp1 | fsdp2
 IDS = torch.tensor([[5, 17, 99, 300, 2, 41, 7, 8]])

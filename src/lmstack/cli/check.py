@@ -39,7 +39,7 @@ def run_check(config: str | None, overrides: list[str] | dict | None = None) -> 
     template = get_template(cfg.data.template, tokenizer)
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
-    report = check_data(cfg, tokenizer, template)
+    report = check_data(cfg, tokenizer, template, pt_split=plan.split_long_texts)
     report["run_plan"] = plan.to_dict()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / REPORT_NAME

@@ -6,7 +6,6 @@ import argparse
 import importlib
 import logging
 import os
-import socket
 import sys
 
 from lmstack import __version__
@@ -19,7 +18,10 @@ EXTRA_COMMANDS: tuple[str, ...] = ("check", "export", "chat", "api", "env")
 
 
 def setup_logging(verbose: bool = False) -> None:
-    rank = os.environ.get("RANK", "0")
+    from lmstack.launch.context import topology
+
+    ctx = topology()
+    rank = str(ctx.rank)
     level = logging.DEBUG if verbose else logging.INFO
     if rank != "0":
         level = logging.WARNING
@@ -30,14 +32,17 @@ def setup_logging(verbose: bool = False) -> None:
     from lmstack.config import secrets
 
     secrets.install()  # tokens/keys masked in every log record, warning and uncaught traceback
-    from lmstack.launch.dist import world_size
-
-    world = world_size()
-    if world > 1:  # every rank says it started; ranks > 0 pass only warnings above, so its own logger
+    if ctx.world_size > 1:  # every rank says it started; ranks > 0 pass only warnings above: own logger
         announce = logging.getLogger("lmstack.rank")
         announce.setLevel(logging.INFO)
-        host, local = socket.gethostname(), os.environ.get("LOCAL_RANK", "0")
-        announce.info("rank %s/%d on %s: local rank %s, pid %d", rank, world, host, local, os.getpid())
+        announce.info(
+            "rank %s/%d on %s: local rank %d, pid %d",
+            rank,
+            ctx.world_size,
+            ctx.hostname,
+            ctx.local_rank,
+            os.getpid(),
+        )
 
 
 def fields_help() -> str:

@@ -72,11 +72,11 @@ def inference_dtype(cfg: Config) -> Any:
     import torch
     from transformers import AutoConfig
 
-    from lmstack.models.load import _hub_kwargs
+    from lmstack.models.load import hub_kwargs
 
     if cfg.model.infer_dtype != "auto":
         return getattr(torch, cfg.model.infer_dtype)
-    config = AutoConfig.from_pretrained(cfg.model.model_name_or_path, **_hub_kwargs(cfg))
+    config = AutoConfig.from_pretrained(cfg.model.model_name_or_path, **hub_kwargs(cfg))
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
@@ -87,7 +87,9 @@ def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
     """(model with all adapters merged, tokenizer fixed by the template, template)."""
     from transformers import AutoModelForCausalLM
 
-    from lmstack.models.load import _hub_kwargs, attention_implementation, load_tokenizer
+    from lmstack.launch.context import LaunchContext
+    from lmstack.models.load import hub_kwargs, load_tokenizer
+    from lmstack.plan.decide import attention
     from lmstack.templates import get_template
 
     tokenizer = load_tokenizer(cfg)
@@ -98,9 +100,9 @@ def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
     model = AutoModelForCausalLM.from_pretrained(
         cfg.model.model_name_or_path,
         dtype=dtype,
-        attn_implementation=attention_implementation(cfg, device),
+        attn_implementation=attention(cfg, LaunchContext.from_env(), device, packed=False)[0],
         low_cpu_mem_usage=cfg.model.low_cpu_mem_usage,
-        **_hub_kwargs(cfg),
+        **hub_kwargs(cfg),
     )
     rows = model.get_input_embeddings().weight.shape[0]
     if rows < len(tokenizer):

@@ -24,15 +24,15 @@ from typing import Any
 from lmstack.config.errors import ConfigError, LmstackError
 from lmstack.config.schema import Config
 from lmstack.launch.dist import barrier
-from lmstack.reliability import NonFiniteLoss, TrainingStopped
-from lmstack.reliability.checkpoint import commit_checkpoint, rotate_checkpoints, staging_root
-from lmstack.train.adapter_save import (
+from lmstack.models.adapter_save import (
     ADAPTER_FILE,
     check_adapter_file,
     is_fsdp_peft,
     load_fsdp_adapter,
     save_fsdp_adapter,
 )
+from lmstack.reliability import NonFiniteLoss, TrainingStopped
+from lmstack.reliability.checkpoint import commit_checkpoint, rotate_checkpoints, staging_root
 
 logger = logging.getLogger(__name__)
 

@@ -312,7 +312,7 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
     """Final model/adapter + tokenizer, trainer_state.json, *_results.json, plots; the resolved config
     and the run plan in lmstack_config.yaml / run_manifest.json."""
     cfg = plan.cfg
-    from lmstack.train.adapter_save import save_model
+    from lmstack.models.adapter_save import save_model
 
     save_model(trainer)  # a LoRA adapter is checked on disk: an empty one is an error
     trainer.save_state()

@@ -17,49 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from lmstack.config.errors import ConfigError
-from lmstack.config.schema import Config
-
 logger = logging.getLogger(__name__)
-
-
-def _blockers(cfg: Config) -> list[str]:
-    """Why the optimizer-held master weights cannot be used for this config (empty: they can)."""
-    from lmstack.launch.fsdp import fsdp_requested
-
-    ft, t = cfg.finetuning, cfg.training
-    checks = [
-        (ft.stage not in ("sft", "pt"), "stage: sft or pt"),
-        (not t.bf16, "bf16: true"),
-        (ft.finetuning_type not in ("full", "freeze"), "finetuning_type: full or freeze"),
-        (ft.pure_bf16, "pure_bf16: false (pure_bf16 keeps no fp32 master at all)"),
-        (t.deepspeed is not None, "no deepspeed (DeepSpeed keeps its own fp32 master weights)"),
-        (fsdp_requested(), "no FSDP (FSDP's MixedPrecision keeps its own fp32 master weights)"),
-        (cfg.model.quantization_bit is not None, "no quantization_bit"),
-        (
-            any(getattr(ft, f"use_{n}") for n in ("galore", "apollo", "badam", "muon")),
-            "the default AdamW optimizer (not GaLore/APOLLO/BAdam/Muon)",
-        ),
-        (t.gradient_accumulation_steps != 1, "gradient_accumulation_steps: 1"),
-        (t.optim not in ("adamw_torch", "adamw_torch_fused"), "optim: adamw_torch or adamw_torch_fused"),
-    ]
-    return [need for failed, need in checks if failed]
-
-
-def master_weights_mode(cfg: Config, device_type: str) -> str:
-    """'optimizer' or 'model' for this run; an explicit `optimizer` that cannot apply is an error."""
-    choice = cfg.training.master_weights
-    if choice == "model":
-        return "model"
-    blockers = _blockers(cfg)
-    if choice == "optimizer":
-        if blockers:
-            raise ConfigError(
-                f"master_weights: optimizer needs {'; '.join(blockers)}. Use master_weights: model "
-                "(classic AMP) or auto"
-            )
-        return "optimizer"
-    return "optimizer" if device_type == "cuda" and not blockers else "model"
 
 
 def _optimizer_base() -> type:

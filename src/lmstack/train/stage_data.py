@@ -10,10 +10,10 @@ from typing import Any
 from lmstack.config.schema import Config
 from lmstack.data.pipeline import DataBundle, build_datasets
 from lmstack.data.tokenized import TokenizedDataset
+from lmstack.data.validate import WHOLE_TEXT  # the same whole-text cutoff as `lmstack check`
 from lmstack.plan.runplan import RunPlan
 
 logger = logging.getLogger(__name__)
-WHOLE_TEXT = 1 << 30  # cutoff_len used while encoding texts that are split and packed afterwards
 
 
 def encode_config(plan: RunPlan) -> Config:

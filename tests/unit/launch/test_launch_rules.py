@@ -7,12 +7,12 @@ import logging
 from pathlib import Path
 
 import pytest
+from lmstack.launch.rules import LaunchContext, apply_rules
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
 from lmstack.launch import rules
 from lmstack.launch.deepspeed import load_deepspeed_config
-from lmstack.launch.rules import LaunchContext, apply_rules
 
 REPO = Path(__file__).resolve().parents[3]
 Z2 = REPO / "examples/deepspeed/ds_z2_config.json"

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from lmstack.config.errors import LmstackError
-from lmstack.train.adapter_save import ADAPTER_FILE, check_adapter_file, clean_name, trainable_tensors
+from lmstack.models.adapter_save import ADAPTER_FILE, check_adapter_file, clean_name, trainable_tensors
 
 
 def test_a_real_adapter_passes(tmp_path):
