@@ -9,8 +9,18 @@ from safetensors.torch import load_file
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
-from lmstack.train.master_weights import Fp32MasterWeights, master_weights_mode
+from lmstack.train.master_weights import Fp32MasterWeights
 from lmstack.train.run import train
+
+
+def master_weights_mode(cfg, device: str) -> str:
+    """The run plan's master-weights decision for `cfg` on a GPU (or this CPU)."""
+    from lmstack.launch.context import LaunchContext
+    from lmstack.plan.runplan import RunPlan
+    from lmstack.plan.whatif import gpu_context
+
+    ctx = gpu_context(1, 80) if device == "cuda" else LaunchContext()
+    return RunPlan.resolve(cfg, ctx).precision.master_weights
 
 
 def losses(out: Path) -> list[float]:

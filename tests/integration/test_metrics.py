@@ -10,7 +10,7 @@ import torch
 
 from lmstack.config.load import load_config
 from lmstack.train import common
-from lmstack.train.run import preflight, train
+from lmstack.train.run import plan_run, train
 
 
 def eval_rows(cfg_dict: dict) -> list[dict]:
@@ -90,7 +90,7 @@ def test_compute_accuracy_without_effect_warns_once(base_cfg, caplog):
     for extra, words in cases:
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            preflight(load_config(None, {**base_cfg, **extra}))
+            plan_run(load_config(None, {**base_cfg, **extra}))
         notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compute_accuracy:")]
         assert len(notes) == 1 and words in notes[0], (extra, notes)
     for extra in (
@@ -100,7 +100,7 @@ def test_compute_accuracy_without_effect_warns_once(base_cfg, caplog):
     ):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            preflight(load_config(None, {**base_cfg, **extra}))
+            plan_run(load_config(None, {**base_cfg, **extra}))
         assert "compute_accuracy" not in caplog.text, extra
 
 

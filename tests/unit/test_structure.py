@@ -189,6 +189,8 @@ def test_run_decisions_are_not_re_derived() -> None:
     for name, path in _modules().items():
         text = path.read_text()
         for pattern, owner in patterns.items():
-            if pattern in text and not name.startswith(("lmstack.plan.decide", "lmstack.plan.runplan", "lmstack.launch.")):
+            if pattern in text and not name.startswith(
+                ("lmstack.plan.decide", "lmstack.plan.runplan", "lmstack.launch.")
+            ):
                 found.append(f"{name}: {pattern!r} (read {owner})")
     assert not found, "\n".join(found)

@@ -24,18 +24,9 @@ import numpy as np
 
 from lmstack.config.schema import Config
 from lmstack.data.encode import IGNORE_INDEX
-from lmstack.data.pipeline import (
-    DatasetStats,
-    check_data_args,
-    check_ranking,
-    encode_options,
-    encode_records,
-    format_dropped,
-    format_problem,
-    load_one,
-    read_limited,
-)
+from lmstack.data.pipeline import check_data_args, encode_records, load_one, read_limited
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
+from lmstack.data.stats import DatasetStats, check_ranking, encode_options, format_dropped, format_problem
 from lmstack.data.tokenized import TokenizedDataset
 
 WHOLE_TEXT = 1 << 30  # cutoff_len of a whole-record encode; train/pt.py encodes its texts with the same

@@ -12,13 +12,17 @@ CUTOFF = 64
 
 
 def test_pt_split_report_matches_what_pt_training_trains(make_cfg, tiny_tokenizer, qwen):
-    from lmstack.train.pt import encode_config, split_long_texts
+    from lmstack.launch.context import LaunchContext
+    from lmstack.plan.runplan import RunPlan
+    from lmstack.train.stage_data import encode_config, split_long_texts
 
     cfg = make_cfg(stage="pt", dataset="c4_demo", eval_dataset="wiki_zh_demo", cutoff_len=CUTOFF)
-    report = check_data(cfg, tiny_tokenizer, qwen, pt_split=True)
+    plan = RunPlan.resolve(cfg, LaunchContext())
+    assert plan.split_long_texts  # what `lmstack check` passes as pt_split
+    report = check_data(cfg, tiny_tokenizer, qwen, pt_split=plan.split_long_texts)
     train_entry, eval_entry = report["datasets"]
 
-    bundle = build_datasets(encode_config(cfg), tiny_tokenizer, qwen)  # what train/pt.py encodes
+    bundle = build_datasets(encode_config(plan), tiny_tokenizer, qwen)  # what pt training encodes
     for entry, whole in ((train_entry, bundle.train), (eval_entry, bundle.eval)):
         pieces = split_long_texts(whole, CUTOFF, entry["split"])
         assert entry["truncated"] == 0

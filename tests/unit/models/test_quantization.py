@@ -7,12 +7,13 @@ import torch
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
-from lmstack.models.quantization import (
-    check_quantization,
-    deepspeed_zero_stage,
-    quantization_config,
-    quantized_device_map,
-)
+from lmstack.models.quantization import check_quantization as _check
+from lmstack.models.quantization import quantization_config, quantized_device_map
+
+
+def check_quantization(c, sharded=False, device="cuda"):
+    """The check with the run plan's facts: sharded (ZeRO-3/FSDP), the device, bitsandbytes present."""
+    _check(c, sharded, "cpu" if c.training.use_cpu else device, True)
 
 
 def cfg(tmp_path, **extra):
@@ -27,7 +28,7 @@ def ds(tmp_path, stage):
 
 def test_no_quantization_means_no_config(tmp_path):
     c = cfg(tmp_path)
-    assert quantization_config(c, torch.bfloat16) is None and quantized_device_map(c) is None
+    assert quantization_config(c, torch.bfloat16) is None and quantized_device_map(None, False, 0) is None
     check_quantization(c)  # nothing to check
 
 
@@ -47,15 +48,23 @@ def test_eight_bit_config(tmp_path):
     assert q.load_in_8bit and not q.load_in_4bit
 
 
-def test_device_map_is_this_rank_unless_sharded(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCAL_RANK", "3")
-    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
-    assert quantized_device_map(cfg(tmp_path, quantization_bit=4)) == {"": 3}
-    assert quantized_device_map(cfg(tmp_path, quantization_bit=4, deepspeed=ds(tmp_path, 2))) == {"": 3}
-    z3 = cfg(tmp_path, quantization_bit=4, deepspeed=ds(tmp_path, 3))
-    assert deepspeed_zero_stage(z3) == 3 and quantized_device_map(z3) is None
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    assert quantized_device_map(cfg(tmp_path, quantization_bit=4)) is None
+def test_device_map_is_this_rank_unless_sharded(tmp_path):
+    from dataclasses import replace
+
+    from lmstack.launch.context import FsdpLaunch
+    from lmstack.plan.runplan import RunPlan
+    from lmstack.plan.whatif import gpu_context
+
+    ctx = replace(gpu_context(1, 80), local_rank=3, accelerate_fsdp=None)
+
+    def device_map(**extra):
+        return RunPlan.resolve(cfg(tmp_path, quantization_bit=4, **extra), ctx).model_spec().device_map
+
+    assert quantized_device_map(4, False, 3) == {"": 3}
+    assert device_map(deepspeed=ds(tmp_path, 2)) == {"": 3}
+    assert device_map(deepspeed=ds(tmp_path, 3)) is None  # ZeRO-3 places the weights
+    ctx = replace(ctx, accelerate_fsdp=FsdpLaunch())
+    assert device_map() is None
 
 
 @pytest.mark.parametrize(
@@ -75,18 +84,17 @@ def test_config_errors_name_both_fields(tmp_path, extra, pattern):
         check_quantization(cfg(tmp_path, quantization_bit=4, **extra))
 
 
-def test_eight_bit_cannot_be_sharded(tmp_path, monkeypatch):
+def test_eight_bit_cannot_be_sharded(tmp_path):
     with pytest.raises(ConfigError, match=r"quantization_bit: 8-bit bases cannot be sharded by ZeRO-3/FSDP"):
-        check_quantization(cfg(tmp_path, quantization_bit=8, deepspeed=ds(tmp_path, 3)))
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+        check_quantization(cfg(tmp_path, quantization_bit=8, deepspeed=ds(tmp_path, 3)), sharded=True)
     with pytest.raises(ConfigError, match=r"8-bit bases cannot be sharded .*FSDP via accelerate"):
-        check_quantization(cfg(tmp_path, quantization_bit=8))
+        check_quantization(cfg(tmp_path, quantization_bit=8), sharded=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_no_gpu_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"quantization_bit: got 4, but no CUDA GPU is visible; .*Remove"):
-        check_quantization(cfg(tmp_path, quantization_bit=4, bf16=True))
+        check_quantization(cfg(tmp_path, quantization_bit=4, bf16=True), device="cpu")
 
 
 def test_use_cpu_is_a_clear_error(tmp_path):

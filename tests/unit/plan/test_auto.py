@@ -1,14 +1,25 @@
 """`auto` values in the training YAML, resolved by the planner (config.json only, no weights)."""
 
 import json
-import logging
 from pathlib import Path
 
 import pytest
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
-from lmstack.plan.auto import resolve_auto_fields
+from lmstack.launch.context import LaunchContext
+from lmstack.plan.runplan import RunPlan
+from lmstack.plan.whatif import gpu_context
+
+AUTO = ("deepspeed", "per_device_train_batch_size", "gradient_checkpointing")
+
+
+def resolve_auto_fields(cfg, gpu_memory_gib=None) -> tuple[dict, RunPlan]:
+    """The auto fields as the run plan resolves them on one GPU of that size (or on this CPU)."""
+    ctx = gpu_context(1, gpu_memory_gib) if gpu_memory_gib else LaunchContext()
+    plan = RunPlan.resolve(cfg, ctx)
+    chosen = {k: getattr(plan.cfg.training, k) for k in AUTO if getattr(cfg.training, k) == "auto"}
+    return chosen, plan
 
 
 @pytest.fixture
@@ -48,43 +59,41 @@ def cfg_for(path: str, **kw):
 
 def test_small_model_on_an_h200_needs_no_deepspeed_and_no_recompute(model_dir, caplog):
     cfg = cfg_for(model_dir("0.5b"), finetuning_type="lora")
-    with caplog.at_level(logging.INFO):
-        chosen = resolve_auto_fields(cfg, gpu_memory_gib=139.8)
-    assert chosen["deepspeed"] is None and cfg.training.deepspeed is None
-    assert isinstance(cfg.training.per_device_train_batch_size, int)
-    assert cfg.training.per_device_train_batch_size >= 8
-    assert cfg.training.gradient_checkpointing is False
-    assert "plan: auto ->" in caplog.text
+    chosen, plan = resolve_auto_fields(cfg, gpu_memory_gib=139.8)
+    assert chosen["deepspeed"] is None and plan.deepspeed is None
+    assert isinstance(plan.cfg.training.per_device_train_batch_size, int)
+    assert plan.micro_batch >= 8
+    assert plan.checkpointing is False
+    assert plan.reasons["auto"].startswith("plan: auto ->")
+    assert cfg.training.deepspeed == "auto"  # the user's config is never patched in place
 
 
 def test_7b_full_on_80gb_gets_a_real_zero_template(model_dir):
     cfg = cfg_for(model_dir("7b"), finetuning_type="full")
-    chosen = resolve_auto_fields(cfg, gpu_memory_gib=80)
+    chosen, plan = resolve_auto_fields(cfg, gpu_memory_gib=80)
     assert chosen["deepspeed"] and Path(chosen["deepspeed"]).is_file()
+    assert plan.zero_stage in (2, 3)
     ds = json.loads(Path(chosen["deepspeed"]).read_text())
     assert ds["zero_optimization"]["stage"] in (2, 3)
     assert "offload" in Path(chosen["deepspeed"]).name  # 7B full FT does not fit 80 GB without offload
-    assert cfg.training.per_device_train_batch_size >= 1
+    assert plan.micro_batch >= 1
 
 
 def test_less_memory_buys_room_with_recompute_not_with_an_oom(model_dir):
-    from lmstack.plan.auto import plan_decision
-
     path = model_dir("0.5b")
     for memory in (24, 40, 139.8):
         cfg = cfg_for(path, finetuning_type="full", deepspeed=None)
-        assert plan_decision(cfg, memory)["fits"], memory
-        resolve_auto_fields(cfg, gpu_memory_gib=memory)
+        _, plan = resolve_auto_fields(cfg, gpu_memory_gib=memory)
+        assert "WARNING nothing fits" not in plan.reasons["auto"], memory
         if memory == 139.8:  # plenty of memory: no recompute cost
-            assert cfg.training.gradient_checkpointing is False
+            assert plan.checkpointing is False
 
 
 def test_cpu_resolution_is_plain_and_logged(model_dir, caplog):
     cfg = cfg_for(model_dir("0.5b"), use_cpu=True)
-    with caplog.at_level(logging.INFO):
-        chosen = resolve_auto_fields(cfg)
+    chosen, plan = resolve_auto_fields(cfg)
     assert chosen == {"deepspeed": None, "per_device_train_batch_size": 1, "gradient_checkpointing": False}
-    assert "auto on CPU" in caplog.text
+    assert "auto on CPU" in plan.reasons["auto"]
 
 
 def test_auto_batch_with_a_token_budget_is_an_error(model_dir):

@@ -11,8 +11,8 @@ from lmstack.data.encode_pref import encode_kto, encode_pairwise, encode_prompt_
 from lmstack.data.tokenized import TokenizedDataset
 from lmstack.models.value_head import last_token
 from lmstack.train import ppo
-from lmstack.train.pt import split_long_texts
 from lmstack.train.rlhf import import_reward_func
+from lmstack.train.stage_data import split_long_texts
 
 
 def test_split_long_texts_keeps_every_token_and_never_joins_texts(caplog):
