@@ -92,6 +92,7 @@ class ModelLoadSpec:
     train_from_scratch: bool = False
     low_cpu_mem_usage: bool = True
     resize_vocab: bool = False
+    upcast_layernorm: bool = False  # norm weights kept in fp32 (LF: for quantized / half-precision bases)
     seed: int = 42
 
 
@@ -160,4 +161,21 @@ def load_model(spec: ModelLoadSpec, tokenizer: Any) -> Any:
     )
     if spec.liger:
         apply_liger_kernel(model, spec.liger_fused_ce)
+    if spec.upcast_layernorm:
+        logger.info("upcast_layernorm: %d norm weights kept in float32", upcast_norms(model))
     return model
+
+
+def upcast_norms(model: Any) -> int:
+    """Norm layers' weights (and biases) to float32; returns how many tensors were cast."""
+    import torch
+
+    count = 0
+    for module in model.modules():
+        if "norm" not in type(module).__name__.lower():
+            continue
+        for param in module.parameters(recurse=False):
+            if param.is_floating_point() and param.dtype != torch.float32:
+                param.data = param.data.float()
+                count += 1
+    return count

@@ -119,7 +119,28 @@ def deepspeed_installed(plan: RunPlan) -> str | None:
     return None
 
 
+def padding_in_the_loss(plan: RunPlan) -> str | None:
+    if not plan.cfg.data.ignore_pad_token_for_loss:
+        raise ConfigError(
+            "ignore_pad_token_for_loss: false (train on padding positions) is not available in lmstack; "
+            "padding never counts in the loss here — remove the field"
+        )
+    return None
+
+
+def upcast_layernorm(plan: RunPlan) -> str | None:
+    p = plan.precision
+    if plan.cfg.model.upcast_layernorm and p.autocast is None and p.load != "fp32":
+        raise ConfigError(
+            f"upcast_layernorm: fp32 norm weights in a {p.load} model need mixed precision to cast back; "
+            "set bf16: true (or fp16), or remove upcast_layernorm"
+        )
+    return None
+
+
 RULES: list[Rule] = [
+    padding_in_the_loss,
+    upcast_layernorm,
     unsloth_unavailable,
     fsdp_with_deepspeed,
     fsdp_field,

@@ -96,6 +96,7 @@ class RunPlan:
             train_from_scratch=m.train_from_scratch and path is None,
             low_cpu_mem_usage=m.low_cpu_mem_usage,
             resize_vocab=m.resize_vocab,
+            upcast_layernorm=m.upcast_layernorm,
             seed=self.cfg.training.seed,
         )
 

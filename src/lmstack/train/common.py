@@ -192,6 +192,7 @@ def build_trainer(
         trainer_cls = with_master_weights(trainer_cls)
     return trainer_cls(
         lmstack_cfg=cfg,
+        lmstack_plan=plan.to_dict(),
         model=model,
         args=args,
         train_dataset=train,
@@ -317,6 +318,11 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
     save_model(trainer)  # a LoRA adapter is checked on disk: an empty one is an error
     trainer.save_state()
     metrics = dict(train_result.metrics)
+    if (
+        cfg.finetuning.include_effective_tokens_per_second
+    ):  # LF's metric: trained-on tokens per second per device
+        seen, runtime = trainer.state.num_input_tokens_seen, metrics.get("train_runtime") or 0
+        metrics["effective_tokens_per_sec"] = round(seen / runtime / plan.world_size, 2) if runtime else 0.0
     trainer.log_metrics("train", metrics)
     trainer.save_metrics("train", metrics)
     if cfg.training.do_eval and trainer.eval_dataset is not None:

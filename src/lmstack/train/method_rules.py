@@ -121,6 +121,11 @@ def _check_badam(cfg: Config, distributed: bool, zero_stage: int | None) -> None
             "use_badam and bf16: BAdam keeps the weights in half precision and fp32 copies of the active "
             "block only; set bf16: true"
         )
+    if ft.badam_mode == "layer":  # the ratio-mode fields change nothing here: said, not ignored
+        if ft.badam_update_ratio != 0.05:
+            logger.warning("badam_update_ratio: has no effect with badam_mode: layer (ratio mode only)")
+        if ft.badam_mask_mode != "adjacent":
+            logger.warning("badam_mask_mode: has no effect with badam_mode: layer (ratio mode only)")
     if ft.badam_mode == "ratio":
         # its sparse gradients break the Trainer's gradient-norm (torch's clip_grad_norm_ has no sparse kernel)
         raise ConfigError(
