@@ -86,7 +86,7 @@ def test_resume_restores_the_fp32_masters(full_cfg, tmp_path):
         ({"gradient_accumulation_steps": 2}, "gradient_accumulation_steps: 1"),
         ({"bf16": False}, "bf16: true"),
         ({"pure_bf16": True}, "pure_bf16: false"),
-        ({"stage": "rm", "dataset": "dpo_en_demo"}, "stage: sft or pt"),
+        ({"stage": "rm", "dataset": "dpo_en_demo"}, "stage: pt or sft"),
         ({"use_galore": True}, "the default AdamW optimizer"),
         ({"optim": "adamw_bnb_8bit"}, "optim: adamw_torch or adamw_torch_fused"),
     ],

@@ -258,11 +258,15 @@ def test_badam_updates_one_block_per_interval_in_half_precision(base_cfg, tiny_m
 
 def test_optim_muon_is_use_muon(base_cfg):
     from lmstack.config.load import build_config
+    from lmstack.launch.context import LaunchContext
+    from lmstack.plan.runplan import RunPlan
     from lmstack.train.method_rules import check_methods
 
     cfg = build_config({**base_cfg, "finetuning_type": "full", "optim": "muon"})
-    check_methods(cfg)
-    assert cfg.finetuning.use_muon and cfg.training.optim == "adamw_torch"  # AdamW for the non-Muon part
+    plan = RunPlan.resolve(cfg, LaunchContext())
+    check_methods(plan.cfg, plan.world_size, plan.zero_stage)
+    assert plan.cfg.finetuning.use_muon and plan.cfg.training.optim == "adamw_torch"  # AdamW for the rest
+    assert cfg.training.optim == "muon"  # the user's config itself is left as written
 
 
 def test_muon_for_hidden_matrices_adamw_for_the_rest(base_cfg, spy):

@@ -153,7 +153,13 @@ def test_packed_training_step_equals_unpacked(base_cfg, tiny_model, tmp_path):
     packed_cfg = {"packing": True, "per_device_train_batch_size": 2, "max_tokens_per_batch": 256}
     cfg = load_config(None, {**base_cfg, "max_samples": 12, "cutoff_len": 64, **packed_cfg})
     tokenizer = load_tokenizer(cfg)
-    rows = len(pack_dataset(cfg, build_datasets(cfg, tokenizer, get_template("qwen", tokenizer)).train))
+    from lmstack.launch.context import LaunchContext
+    from lmstack.plan.runplan import RunPlan
+
+    plan = RunPlan.resolve(cfg, LaunchContext())
+    rows = len(
+        pack_dataset(build_datasets(cfg, tokenizer, get_template("qwen", tokenizer)).train, plan.pack_spec())
+    )
     assert 2 < rows < 12  # several samples share rows, and there are several micro-batches
     packed_metrics, packed = _one_sgd_step(
         base_cfg, tmp_path / "packed", gradient_accumulation_steps=-(-rows // 2), **packed_cfg

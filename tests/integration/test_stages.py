@@ -176,10 +176,11 @@ def test_dpo_lora_uses_no_reference_copy_and_raises_the_margin(cfg):
     data = build_datasets(c, tok, template)
     ds = rlhf.to_dataset(data.train, rlhf.pairwise_columns)
     before = _models_alive("Qwen2ForCausalLM")
-    model = setup_finetuning(c, load_model(c, tok, "cpu"))
+    plan = _plan(c)
+    model = setup_finetuning(c, load_model(plan.model_spec(), tok))
     _, params = count_parameters(model)
-    ref = rlhf.reference_model(c, tok, "cpu")
-    trainer = dpo.build_trainer(c, "cpu", model, ref, tok, ds, ds.select(range(16)))
+    ref = rlhf.reference_model(plan, tok)
+    trainer = dpo.build_trainer(plan, model, ref, tok, ds, ds.select(range(16)))
     assert ref is None and trainer.ref_model is None
     assert "ref" not in trainer.model.peft_config  # TRL's adapter copy is dropped for a fresh adapter
     assert count_parameters(trainer.model)[1] == params  # nothing added
@@ -197,7 +198,7 @@ def test_dpo_full_loads_a_frozen_reference_copy(cfg, tiny_model):
     from lmstack.train import rlhf
 
     c = build_config({**cfg, "stage": "dpo", "dataset": "dpo_en_demo", "finetuning_type": "full"})
-    ref = rlhf.reference_model(c, load_tokenizer(c), "cpu")
+    ref = rlhf.reference_model(_plan(c), load_tokenizer(c))
     assert type(ref).__name__ == "Qwen2ForCausalLM"
     assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
 
@@ -237,7 +238,8 @@ def test_dpo_loss_options_map_to_trl(cfg):
     )
     tok = load_tokenizer(c)
     ds = rlhf.to_dataset([{"prompt_ids": [1, 2], "chosen_ids": [3], "rejected_ids": [4]}], dict)
-    trainer = dpo.build_trainer(c, "cpu", load_model(c, tok, "cpu"), None, tok, ds, None)
+    plan = _plan(c)
+    trainer = dpo.build_trainer(plan, load_model(plan.model_spec(), tok), None, tok, ds, None)
     assert trainer.loss_types == ["robust", "sft"] and trainer.loss_weights == [1.0, 0.5]
     assert trainer.label_smoothing == 0.1 and trainer.beta == c.finetuning.pref_beta
 
@@ -450,3 +452,10 @@ def test_stage_examples_validate(path, monkeypatch):
     assert cfg.training.output_dir.startswith("saves/")
     monkeypatch.chdir(REPO)  # reward_funcs paths in the examples are relative to the repo root
     assert all(callable(f) for f in reward_functions(cfg))
+
+
+def _plan(c):
+    from lmstack.launch.context import LaunchContext
+    from lmstack.plan.runplan import RunPlan
+
+    return RunPlan.resolve(c, LaunchContext())

@@ -119,6 +119,13 @@ def packing(cfg: Config, spec: StageSpec) -> Reasoned:
                 "tokenized set); set streaming: false or packing: false"
             )
         return True, f"{field}: true"
+    if cfg.training.max_tokens_per_batch is not None and not (
+        d.packing or (d.packing is None and spec.packs_by_default)
+    ):
+        raise ConfigError(
+            "max_tokens_per_batch: needs packing: true (the token budget is filled by packing samples "
+            "into rows); set packing: true or remove max_tokens_per_batch"
+        )
     if d.packing is None and spec.packs_by_default:
         if d.streaming:
             return False, f"stage {spec.name} packs by default, but streaming: true reads texts one by one"

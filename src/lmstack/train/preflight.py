@@ -64,6 +64,19 @@ def _stage(plan: RunPlan) -> None:
     check_stage_config(plan.cfg)  # sft-only fields elsewhere, rewards, reference models, kto/grpo batches
 
 
+def _accuracy(plan: RunPlan) -> None:
+    from lmstack.train.metrics import warn_compute_accuracy
+
+    cfg = plan.cfg
+    if plan.is_main:  # a warning when it has no effect: another stage, or nothing is evaluated
+        warn_compute_accuracy(
+            cfg.finetuning.compute_accuracy,
+            cfg.finetuning.stage,
+            has_eval_data=bool(cfg.data.val_size or cfg.data.eval_dataset),
+            evaluates=cfg.training.do_eval or cfg.training.eval_strategy != "no",
+        )
+
+
 CHECKS: list[Callable[[RunPlan], None]] = [
     _model,
     _template,
@@ -72,6 +85,7 @@ CHECKS: list[Callable[[RunPlan], None]] = [
     _methods,
     _quantization,
     _stage,
+    _accuracy,
 ]
 
 

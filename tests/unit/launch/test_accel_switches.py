@@ -2,71 +2,77 @@
 
 from __future__ import annotations
 
-import importlib.util
+import dataclasses
 import json
-import logging
-from types import SimpleNamespace
 
 import pytest
 
 from lmstack.cli.main import main
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
-from lmstack.models import load as model_load
+from lmstack.launch.context import LaunchContext
+from lmstack.plan import decide
+from lmstack.plan.runplan import RunPlan
+
+CPU = LaunchContext()
 
 
-def test_flash_attn_auto_on_cpu_is_sdpa_and_logged(base_cfg, caplog):
+def _gpu(*packages: str) -> LaunchContext:
+    return dataclasses.replace(CPU, cuda=True, packages=frozenset(packages))
+
+
+def test_flash_attn_auto_on_cpu_is_sdpa_and_says_why(base_cfg):
     cfg = build_config({**base_cfg, "flash_attn": "auto"})
-    with caplog.at_level(logging.INFO):
-        assert model_load.attention_implementation(cfg, "cpu") == "sdpa"
-    assert "flash_attn: auto -> sdpa (CPU)" in caplog.text
+    assert decide.attention(cfg, CPU, "cpu", False) == ("sdpa", "flash_attn: auto, CPU")
+    plan = RunPlan.resolve(cfg, CPU)
+    assert plan.attention == "sdpa" and plan.reasons["attention"] == "flash_attn: auto, CPU"
 
 
-def test_flash_attn_auto_on_gpu_prefers_fa2_when_installed(base_cfg, monkeypatch):
+def test_flash_attn_auto_on_gpu_prefers_fa2_when_installed(base_cfg):
     cfg = build_config({**base_cfg, "flash_attn": "auto"})
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else None
-    )
-    assert model_load.attention_implementation(cfg, "cuda") == "flash_attention_2"
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    assert model_load.attention_implementation(cfg, "cuda") == "sdpa"
+    impl, reason = decide.attention(cfg, _gpu("flash_attn"), "cuda", False)
+    assert impl == "flash_attention_2" and "flash-attn is installed" in reason
+    impl, reason = decide.attention(cfg, _gpu(), "cuda", False)
+    assert impl == "sdpa" and "flash-attn not installed" in reason
 
 
 @pytest.mark.parametrize("value,impl", [("sdpa", "sdpa"), ("disabled", "eager")])
 def test_flash_attn_explicit_values(base_cfg, value, impl):
-    assert model_load.attention_implementation(build_config({**base_cfg, "flash_attn": value}), "cpu") == impl
+    cfg = build_config({**base_cfg, "flash_attn": value})
+    assert decide.attention(cfg, CPU, "cpu", False) == (impl, f"flash_attn: {value}")
 
 
 def test_fa2_without_the_package_names_the_install(base_cfg):
     cfg = build_config({**base_cfg, "flash_attn": "fa2"})
-    with pytest.raises(
-        ConfigError,
-        match=r"flash_attn: fa2 needs a CUDA GPU and the `flash_attn` package \(pip install flash-attn\)",
-    ):
-        model_load.attention_implementation(cfg, "cpu")
+    match = r"flash_attn: fa2 needs a CUDA GPU and the `flash_attn` package \(pip install flash-attn\)"
+    with pytest.raises(ConfigError, match=match):
+        decide.attention(cfg, CPU, "cpu", False)
+    with pytest.raises(ConfigError, match=match):  # a GPU, but no flash_attn package
+        decide.attention(cfg, _gpu(), "cuda", False)
 
 
-def _model(model_type: str):
-    return SimpleNamespace(config=SimpleNamespace(model_type=model_type))
-
-
-@pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is not None, reason="liger-kernel installed")
-def test_liger_missing_warns_and_continues(base_cfg, caplog):
+def test_liger_missing_is_a_note_and_training_continues(base_cfg):
     cfg = build_config({**base_cfg, "enable_liger_kernel": True})
-    assert model_load.apply_liger_kernel(cfg, _model("qwen2")) is False
-    assert "pip install liger-kernel" in caplog.text and "continues without" in caplog.text
+    use, reason = decide.liger(cfg, _gpu(), "cuda")
+    assert use is False and "not installed" in reason and "pip install liger-kernel" in reason
+    assert "continues without" in reason
+    plan = RunPlan.resolve(cfg, _gpu())
+    assert plan.liger is False and any("not installed" in n for n in plan.notes)
 
 
-def test_liger_unsupported_family_warns_and_continues(base_cfg, caplog):
+def test_liger_unsupported_family_is_a_note_and_training_continues(base_cfg, monkeypatch):
     pytest.importorskip("liger_kernel")
+    monkeypatch.setattr(decide, "_model_type", lambda cfg: "no_such_family")
     cfg = build_config({**base_cfg, "enable_liger_kernel": True})
-    assert model_load.apply_liger_kernel(cfg, _model("no_such_family")) is False
-    assert "no kernels for model type 'no_such_family'" in caplog.text
+    use, reason = decide.liger(cfg, _gpu("liger_kernel"), "cuda")
+    assert use is False and "no kernels for model type 'no_such_family'" in reason
 
 
-def test_liger_off_does_nothing(base_cfg, caplog):
-    assert model_load.apply_liger_kernel(build_config(base_cfg), _model("qwen2")) is False
-    assert caplog.text == ""
+def test_liger_off_does_nothing(base_cfg):
+    cfg = build_config(base_cfg)
+    assert decide.liger(cfg, CPU, "cpu") == (False, "enable_liger_kernel: false")
+    plan = RunPlan.resolve(cfg, CPU)
+    assert plan.liger is False and plan.notes == ()
 
 
 def test_lmstack_env_on_cpu(capsys, monkeypatch):
@@ -93,7 +99,9 @@ def test_lmstack_env_on_cpu(capsys, monkeypatch):
     assert report["gpus"] == [] and report["versions"]["torch"] and "allreduce" not in report
 
 
-def test_liger_on_cpu_warns_and_continues(base_cfg, caplog):
+def test_liger_on_cpu_is_a_note_and_training_continues(base_cfg):
     cfg = build_config({**base_cfg, "enable_liger_kernel": True})
-    assert model_load.apply_liger_kernel(cfg, _model("qwen2"), "cpu") is False
-    assert "need a CUDA GPU" in caplog.text
+    use, reason = decide.liger(cfg, CPU, "cpu")
+    assert use is False and "need a CUDA GPU" in reason
+    plan = RunPlan.resolve(cfg, CPU)
+    assert plan.liger is False and any("need a CUDA GPU" in n for n in plan.notes)

@@ -17,14 +17,14 @@ def _worker(rank: int, port: int, flat: dict, main_sleep: float, results) -> Non
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
-    cfg = build_config(flat)
-    ldist.init_process_group(cfg)
-    group = ldist.barrier_group(cfg)
+    timeout_s = build_config(flat).training.ddp_timeout
+    ldist.init_process_group(timeout_s, False, rank)
+    group = ldist.barrier_group(timeout_s)
     if rank == 0:
         time.sleep(main_sleep)  # the "tokenizing" main process
     start = time.monotonic()
     try:
-        ldist.wait_for_main(cfg, group, "tokenizing the datasets")
+        ldist.wait_for_main(timeout_s, rank, group, "tokenizing the datasets")
         results[rank] = ("ok", time.monotonic() - start)
     except LmstackError as err:
         results[rank] = (str(err), time.monotonic() - start)
@@ -71,8 +71,12 @@ def test_wait_is_bounded_by_ddp_timeout_with_a_clear_message(base_cfg):
 def test_ddp_skips_the_unused_parameter_search_unless_asked(base_cfg):
     """Trainer's default (True for a model without checkpointing) costs a graph walk per step."""
     from lmstack.config.load import build_config
+    from lmstack.launch.context import LaunchContext
+    from lmstack.plan.runplan import RunPlan
     from lmstack.train.common import training_arguments
 
-    assert training_arguments(build_config(base_cfg), "cpu").ddp_find_unused_parameters is False
-    asked = build_config({**base_cfg, "ddp_find_unused_parameters": True})
-    assert training_arguments(asked, "cpu").ddp_find_unused_parameters is True
+    def args(flat: dict):
+        return training_arguments(RunPlan.resolve(build_config(flat), LaunchContext()))
+
+    assert args(base_cfg).ddp_find_unused_parameters is False
+    assert args({**base_cfg, "ddp_find_unused_parameters": True}).ddp_find_unused_parameters is True
