@@ -122,17 +122,18 @@ def child(spec: dict) -> None:
     from lmstack.train.run import train
 
     resolved: dict = {}
-    resolve = auto.resolve_auto_fields
+    resolve = auto.auto_values
 
-    def recording_resolve(cfg, gpu_memory_gib=None):
-        chosen = resolve(cfg, gpu_memory_gib)
+    def recording_resolve(draft, gpu_memory_gib=None):
+        chosen, message, fits = resolve(draft, gpu_memory_gib)
         resolved.update(chosen)
+        auto_log.append(message)
         if chosen.get("deepspeed"):  # DeepSpeed wants a process group even on one GPU
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                               MASTER_PORT=str(spec["port"]))  # fmt: skip
-        return chosen
+        return chosen, message, fits
 
-    auto.resolve_auto_fields = recording_resolve  # run.preflight imports it at call time
+    auto.auto_values = recording_resolve  # RunPlan.resolve imports it at call time
     recorder = make_recorder(torch)
     make_callbacks = common.make_callbacks
     common.make_callbacks = lambda cfg: make_callbacks(cfg) + [recorder]  # the real stage, plus a recorder
