@@ -37,6 +37,7 @@ def test_the_main_first_pass_fills_the_cache_entry_the_pt_stage_reads(base_cfg, 
     plan = RunPlan.resolve(build_config(pt_cfg(base_cfg, overwrite_cache=False)), LaunchContext())
     tokenizer, template = tokenizer_and_template(plan.cfg)
     build_datasets(encode_config(plan), tokenizer, template)  # what tokenize_on_main_first runs
+    caplog.clear()  # only what the stage's own call logs
     with caplog.at_level(logging.INFO, logger="lmstack.data.cache"):
         stage_datasets(plan, tokenizer, template)  # what the stage runs
     assert "reusing tokenized cache" in caplog.text and "cache miss" not in caplog.text
