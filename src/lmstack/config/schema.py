@@ -290,7 +290,9 @@ class TrainingArgs(Section):
         "auto = optimizer on a CUDA GPU where it applies.",
     )
     gradient_checkpointing: bool | Literal["auto"] = Field(
-        False, description="Recompute activations in backward: true | false | auto (planner decides)."
+        "auto",
+        description="Recompute activations in backward: true | false | auto (default: the planner turns it "
+        "on only when the run would not fit without; LLaMA-Factory always recomputes).",
     )
     seed: int = Field(42, description="Random seed for init, data order and dropout.")
     logging_steps: int = Field(10, gt=0, description="Log every N optimizer steps.")

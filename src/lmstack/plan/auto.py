@@ -48,6 +48,19 @@ def auto_values(draft: RunPlan, gpu_memory_gib: float | None = None) -> tuple[di
         req = request_from_plan(draft, gpus=draft.world_size, gpu_memory_gib=memory)
         decision = resolve_auto(req)
     except (OSError, ValueError, KeyError) as err:
+        if (
+            fields == ["gradient_checkpointing"]
+            and "gradient_checkpointing" not in draft.cfg.training.model_fields_set
+        ):
+            # the default `auto` without an estimate: LLaMA-Factory's behaviour, recompute
+            return (
+                {"gradient_checkpointing": True},
+                (
+                    f"gradient_checkpointing: auto (default) -> true: no memory estimate for "
+                    f"{draft.cfg.model.model_name_or_path} ({err}); recomputing as LLaMA-Factory does"
+                ),
+                True,
+            )
         raise ConfigError(
             f"{fields[0]}: auto needs a memory estimate, and none could be made for "
             f"{draft.cfg.model.model_name_or_path} ({err}); set the value yourself"

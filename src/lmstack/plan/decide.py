@@ -53,6 +53,11 @@ def precision(
             "remove pure_bf16 (ZeRO-3 keeps bf16 weights with fp32 masters itself) or use ZeRO-2"
         )
     compute = "bf16" if (t.bf16 or ft.pure_bf16) else "fp16" if t.fp16 else "fp32"
+    if ft.use_badam and compute == "fp32":  # LF: BAdam without bf16/fp16 keeps the checkpoint's dtype
+        own = checkpoint_dtype(cfg)
+        return Precision(
+            own, own, None, "model", f"use_badam without bf16/fp16: the checkpoint's {own}, no autocast"
+        )
     masters = master_weights(cfg, dev, spec, zero_stage, fsdp)
     keep_half = (
         ft.pure_bf16
@@ -66,6 +71,18 @@ def precision(
     autocast = "bf16" if t.bf16 else "fp16" if t.fp16 else None
     reason = f"{autocast or 'no'} mixed precision, weights loaded in {load}"
     return Precision(compute, load, autocast, masters, reason)
+
+
+CHECKPOINT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def checkpoint_dtype(cfg: Config) -> str:
+    """The dtype the model's config.json declares (fp32 when it names none)."""
+    try:
+        data = json.loads((Path(cfg.model.model_name_or_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "fp32"
+    return CHECKPOINT_DTYPES.get(str(data.get("dtype") or data.get("torch_dtype") or "float32"), "fp32")
 
 
 def master_weight_blockers(cfg: Config, spec: StageSpec, zero_stage: int | None, fsdp: bool) -> list[str]:
@@ -239,9 +256,11 @@ def checkpointing(cfg: Config, user_value: bool | str) -> Reasoned:
         return False, "disable_gradient_checkpointing: true"
     gc = cfg.training.gradient_checkpointing
     if user_value == "auto":
+        why = "gradient_checkpointing: auto (the default; LLaMA-Factory always recomputes, lmstack only when "
         if gc == "auto":
-            return False, "gradient_checkpointing: auto (the planner decides when training starts)"
-        return bool(gc), "gradient_checkpointing: auto -> the planner: " + (
-            "recompute to fit" if gc else "fits without recompute"
-        )
+            return (
+                False,
+                why + "the planner finds the run does not fit without; it decides when training starts)",
+            )
+        return bool(gc), why + "needed) -> " + ("recompute to fit" if gc else "fits without recompute")
     return bool(gc), f"gradient_checkpointing: {str(gc).lower()}"

@@ -52,7 +52,9 @@ def run(plan: RunPlan) -> dict:
         max_length=None,  # rows are already cut to cutoff_len by our encoder
         train_sampling_strategy="sequential",
     )
-    trainer = reliable(PretokenizedKTOTrainer)(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
+    trainer = reliable(
+        build(cfg.data.preprocessing_batch_size)
+    )(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
         lmstack_cfg=cfg,
         lmstack_plan=plan.to_dict(),
         model=model,
@@ -75,15 +77,37 @@ def columns(row: dict) -> dict:
 
 
 class PretokenizedKTOTrainer(KTOTrainer):
-    """KTOTrainer fed our rows; only TRL's KL pairing (rotate answers by one inside each batch) is kept."""
+    """KTOTrainer fed our rows. The KL completions are paired as LLaMA-Factory pairs them while
+    preprocessing — each chunk of `preprocessing_batch_size` rows takes its answers in reverse order —
+    not inside each training batch as TRL does, so any per_device_train_batch_size works, 1 included
+    (TRL refuses 1 because its in-batch pairing would give every row its own answer)."""
+
+    kl_chunk = 1000  # set from preprocessing_batch_size by `build`
+
+    def __init__(self, *args, **kwargs):
+        targs = kwargs["args"]
+        micro = targs.per_device_train_batch_size
+        if micro > 1:
+            super().__init__(*args, **kwargs)
+            return
+        targs.per_device_train_batch_size = 2  # passes TRL's in-batch-pairing guard; restored below
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            targs.per_device_train_batch_size = micro
+        self._train_batch_size = targs.train_batch_size
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         if not self.calculate_KL:
             return dataset
-        size = args.per_device_train_batch_size
 
         def add_kl(batch: dict) -> dict:
-            batch["KL_completion_ids"] = [batch["completion_ids"][-1]] + batch["completion_ids"][:-1]
+            batch["KL_completion_ids"] = batch["completion_ids"][::-1]
             return batch
 
-        return dataset.map(add_kl, batched=True, batch_size=size)
+        return dataset.map(add_kl, batched=True, batch_size=self.kl_chunk)
+
+
+def build(chunk: int) -> type:
+    """The trainer class with LF's KL pairing over chunks of `chunk` rows (preprocessing_batch_size)."""
+    return type("PretokenizedKTOTrainer", (PretokenizedKTOTrainer,), {"kl_chunk": chunk})

@@ -116,11 +116,6 @@ def _check_badam(cfg: Config, distributed: bool, zero_stage: int | None) -> None
             f"use_badam and finetuning_type: {ft.finetuning_type}: BAdam chooses the trainable block itself; "
             "set finetuning_type: full"
         )
-    if not t.bf16:
-        raise ConfigError(
-            "use_badam and bf16: BAdam keeps the weights in half precision and fp32 copies of the active "
-            "block only; set bf16: true"
-        )
     if ft.badam_mode == "layer":  # the ratio-mode fields change nothing here: said, not ignored
         if ft.badam_update_ratio != 0.05:
             logger.warning("badam_update_ratio: has no effect with badam_mode: layer (ratio mode only)")

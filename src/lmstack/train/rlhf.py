@@ -180,11 +180,6 @@ def check_stage_config(cfg: Config) -> None:
             f"only (got stage {stage}, pref_loss {ft.pref_loss}); set it to 0"
         )
     t = cfg.training
-    if stage == "kto" and t.per_device_train_batch_size < 2:
-        raise ConfigError(
-            "per_device_train_batch_size: kto needs at least 2 (its KL term pairs each prompt with "
-            "another example's answer in the same batch); set 2 or more"
-        )
     if (
         stage in ("grpo", "rloo")
         and (t.per_device_train_batch_size * t.gradient_accumulation_steps) % ft.num_generations

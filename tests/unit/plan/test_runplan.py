@@ -150,3 +150,30 @@ def test_every_recommended_yaml_change_is_accepted_by_check(
         )
     if changes.get("fsdp"):
         assert p.fsdp is not None and p.fsdp.source == "yaml"
+
+
+def test_checkpointing_default_is_the_planners_call_and_explained(base_cfg, tmp_path):
+    # LF recomputes always; lmstack's default `auto` recomputes only when the run would not fit
+    p = resolve(base_cfg)
+    assert p.checkpointing is False and "LLaMA-Factory always recomputes" in p.reasons["checkpointing"]
+    gpu = resolve(base_cfg, gpu_context(1, 80))
+    assert gpu.checkpointing is False and "fits without recompute" in gpu.reasons["checkpointing"]
+    odd = tmp_path / "odd-model"
+    odd.mkdir()
+    (odd / "config.json").write_text(json.dumps({"model_type": "not-a-known-architecture"}))
+    fallback = resolve(base_cfg, gpu_context(1, 80), model_name_or_path=str(odd))
+    assert fallback.checkpointing is True and "recomputing as LLaMA-Factory does" in fallback.reasons["auto"]
+    with pytest.raises(ConfigError, match="auto needs a memory estimate"):  # asked for explicitly: no guess
+        resolve(base_cfg, gpu_context(1, 80), model_name_or_path=str(odd), gradient_checkpointing="auto")
+
+
+def test_a_configured_deepspeed_file_with_no_shipped_twin_is_kept_not_replaced_by_a_placeholder(
+    base_cfg, qwen_shapes, tmp_path
+):
+    ds = tmp_path / "z3_opt_offload.json"
+    ds.write_text(json.dumps({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}))
+    flat = {**base_cfg, "model_name_or_path": _model_dir(tmp_path, qwen_shapes["7b"]), "finetuning_type": "full",
+            "bf16": True, "deepspeed": str(ds)}  # fmt: skip
+    result = plan(request_from_plan(plan_for(build_config(flat), 8, 80), 8, 80, search=True))
+    changes = result.recommendation.yaml_changes
+    assert not str(changes.get("deepspeed", "")).startswith("<"), changes
