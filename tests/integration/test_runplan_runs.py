@@ -91,3 +91,37 @@ def test_upcast_layernorm_keeps_norm_weights_in_fp32(base_cfg):
 
     assert norms and set(norms.values()) == {torch.float32}
     assert model.get_input_embeddings().weight.dtype == torch.bfloat16
+
+
+def test_fsdp_from_the_yaml_field_trains_on_two_processes(base_cfg, tmp_path):
+    """`fsdp: full_shard auto_wrap` (LF passes it to the Trainer) through lmstack's torchrun relaunch:
+    2 gloo ranks on CPU, the adapter gathered from the shards."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    cfg = {
+        **base_cfg,
+        "fsdp": ["full_shard", "auto_wrap"],
+        "use_cpu": True,
+        "max_steps": 2,
+        "per_device_train_batch_size": 2,
+    }
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(FORCE_TORCHRUN="1", NPROC_PER_NODE="2", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lmstack.cli", "train", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = Path(cfg["output_dir"])
+    manifest = json.loads((out / "run_manifest.json").read_text())
+    assert manifest["world_size"] == 2 and manifest["plan"]["decisions"]["fsdp"] == "FULL_SHARD (yaml)"
+    assert len(load_file(out / "adapter_model.safetensors")) == 28  # 2 layers x 7 linears x (A, B)

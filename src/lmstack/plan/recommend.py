@@ -245,7 +245,11 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
     """The YAML fields to set so the training run matches candidate ``c``."""
     s, ch = c.setup, {}
     key = (s.deepspeed_stage, s.offload_optimizer, s.offload_param)
-    if s.deepspeed_stage is not None and key == (req.deepspeed_stage, req.offload_optimizer, req.offload_param):
+    if s.deepspeed_stage is not None and key == (
+        req.deepspeed_stage,
+        req.offload_optimizer,
+        req.offload_param,
+    ):
         pass  # the configured DeepSpeed file already is this strategy: nothing to change
     elif s.deepspeed_stage is not None:
         ch["deepspeed"] = DEEPSPEED_CONFIGS.get(key, f"<ZeRO-{key[0]} config with offload {key[1:]}>")

@@ -18,7 +18,8 @@ def run(plan: RunPlan) -> dict:
 
     tokenizer, template = common.tokenizer_and_template(cfg)
     data = stage_datasets(plan, tokenizer, template)  # fails here, before the model loads, on bad data
-    common.save_template_in_tokenizer(tokenizer, template)
+    if plan.stage.data != "text":  # pt's saved tokenizer keeps its own chat template, as before
+        common.save_template_in_tokenizer(tokenizer, template)
     train_set, eval_set = data.train, data.eval
     collator = common.PadCollator(tokenizer.pad_token_id)
     if plan.packing:  # whole samples in rows, position ids restart, no cross-sample attention
