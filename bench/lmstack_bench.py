@@ -67,6 +67,7 @@ class Run:
     cfg: dict
     timeout: int
     fallbacks: list[dict] = field(default_factory=list)
+    workload: str = ""  # issue 19's row name: 0.5b_full | 0.5b_lora | 7b_lora_bs8 | 7b_lora_24g
 
 
 def runs(set_name: str) -> list[Run]:
@@ -97,7 +98,30 @@ def runs(set_name: str) -> list[Run]:
             [NO_LIGER, SDPA],
         ),
     ]
+    # issue 19: the peers tuned as their users tune them (same token batch, checkpointing off where it
+    # fits; LF's fastest: packing + Liger), next to lmstack, one workload name per row
+    def lf_tuned(extra, bs, steps, ckpt):
+        cfg = {**COMMON, **LF_EXTRA, **LF_BEST, **extra, "per_device_train_batch_size": bs, "max_steps": steps}
+        return cfg if ckpt else {**cfg, "disable_gradient_checkpointing": True}
+
+    fused, peft = {"lora_kernel": "fused"}, {"lora_kernel": "peft"}
+    tuned05 = [
+        Run("llamafactory", "lf_0.5b_full_bs32", "qwen2.5-0.5b", "full", lf_tuned(FULL, 32, 30, False), 200, workload="0.5b_full"),
+        Run("lmstack", "lm_0.5b_full_bs32", "qwen2.5-0.5b", "full", lm(FULL, 32, 32), 200, [NO_LIGER], "0.5b_full"),
+        Run("llamafactory", "lf_0.5b_lora_bs32", "qwen2.5-0.5b", "lora", lf_tuned(LORA, 32, 30, False), 200, workload="0.5b_lora"),
+        Run("lmstack", "lm_0.5b_lora_bs32_fused", "qwen2.5-0.5b", "lora", {**lm(LORA, 32, 32), **fused}, 200, [NO_LIGER], "0.5b_lora"),
+        Run("lmstack", "lm_0.5b_lora_bs32_peft", "qwen2.5-0.5b", "lora", {**lm(LORA, 32, 32), **peft}, 200, [NO_LIGER], "0.5b_lora"),
+    ]
+    tuned7 = [
+        Run("llamafactory", "lf_7b_lora_bs8", "qwen2.5-7b", "lora", lf_tuned(LORA, 8, 20, False), 240, workload="7b_lora_bs8"),
+        Run("lmstack", "lm_7b_lora_bs8_fused", "qwen2.5-7b", "lora", {**lm(LORA, 8, 20), **fused}, 240, [NO_LIGER], "7b_lora_bs8"),
+        Run("llamafactory", "lf_7b_lora_bs8_ckpt", "qwen2.5-7b", "lora", lf_tuned(LORA, 8, 20, True), 240, workload="7b_lora_24g"),
+        Run("lmstack", "lm_7b_lora_bs8_ckpt_fused", "qwen2.5-7b", "lora",
+            {**lm(LORA, 8, 20), **fused, "gradient_checkpointing": True}, 240, [NO_LIGER], "7b_lora_24g"),
+    ]  # fmt: skip
     sets = {
+        "tuned05": tuned05,
+        "tuned7": tuned7,
         "default": small + big,
         "small": small,
         "full05": small[:2],  # 0.5B full only: LF's best and lmstack's
@@ -348,7 +372,7 @@ def run_all(args: argparse.Namespace) -> None:
             "dataset_dir": f"{args.assets}/data",
         }
         line = {"system": run.system, "model": run.arch, "method": run.method, "run_id": run_id, "name": run.name,
-                "gpu": gpu, "versions": vers[run.system]}  # fmt: skip
+                "workload": run.workload or None, "gpu": gpu, "versions": vers[run.system]}  # fmt: skip
         overrides = [{}, *run.fallbacks]
         if sticky is not None and run.fallbacks:  # what rescued an earlier run goes first
             overrides = [sticky] + [o for o in overrides if o != sticky]
@@ -397,19 +421,18 @@ def run_all(args: argparse.Namespace) -> None:
 def summarize(results: Path, run_id: str) -> None:
     rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
     rows = [r for r in rows if r.get("run_id") == run_id]
-    by = {(r["system"], r["model"], r["method"]): r for r in rows}
+    best_lf: dict = {}
+    for r in rows:
+        key = r.get("workload") or (r["model"], r["method"])
+        if r["system"] != "lmstack" and r.get("steady_tokens_per_sec"):
+            best_lf[key] = max(best_lf.get(key, 0), r["steady_tokens_per_sec"])
     print(f"\nrun {run_id}: steady tokens/s (real tokens), peak alloc GiB")
-    for (system, model, method), r in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        other = by.get(("llamafactory", model, method))
+    for r in rows:
+        key = r.get("workload") or (r["model"], r["method"])
         ratio = ""
-        if (
-            system == "lmstack"
-            and other
-            and other.get("steady_tokens_per_sec")
-            and r.get("steady_tokens_per_sec")
-        ):
-            ratio = f"  {r['steady_tokens_per_sec'] / other['steady_tokens_per_sec']:.2f}x LF"
-        print(f"  {system:12s} {model:13s} {method:4s} {r.get('status'):7s} {r.get('steady_tokens_per_sec')!s:>8} tok/s"
+        if r["system"] == "lmstack" and best_lf.get(key) and r.get("steady_tokens_per_sec"):
+            ratio = f"  {r['steady_tokens_per_sec'] / best_lf[key]:.2f}x best peer"
+        print(f"  {r['name']:28s} {str(r.get('workload')):12s} {r.get('status'):7s} {r.get('steady_tokens_per_sec')!s:>8} tok/s"
               f"  {r.get('peak_alloc_gib')!s:>6} GiB  loss {r.get('loss_after_steps')}{ratio}")  # fmt: skip
 
 
