@@ -10,7 +10,7 @@ index. Nothing is skipped here: the caller counts every problem by `kind` and li
 
 Problem kinds (what `lmstack check` and the training log count by): missing field, wrong type,
 empty response, empty conversation, wrong role order, unknown role, odd number of turns,
-wrong number of turns (ranking), bad JSON line, bad tool call.
+wrong number of turns (ranking), bad JSON line, bad tool call, nested too deeply.
 (Multimodal columns never get here: registry.py refuses them, lmstack has no multimodal support yet.)
 """
 
@@ -55,9 +55,18 @@ def _kto_tag(record: dict, column: str | None) -> bool | None:
 
 
 def _tools(record: dict, column: str | None) -> str | None:
+    """The tools column as JSON text: a list of function schemas (objects), given as JSON or as a list."""
     if column is None or record.get(column) in (None, "", []):
         return None
     value = record[column]
+    schemas = value
+    if isinstance(value, str):
+        try:
+            schemas = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise RecordError(column, "wrong type", f"not valid JSON ({err.msg})") from None
+    if not isinstance(schemas, list) or not all(isinstance(t, dict) for t in schemas):
+        raise RecordError(column, "wrong type", "must be a JSON list of function schemas (objects)")
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
@@ -330,4 +339,7 @@ CONVERTERS = {"alpaca": convert_alpaca, "sharegpt": convert_sharegpt, "openai": 
 def convert(record: Any, attr: DatasetAttr) -> dict:
     if not isinstance(record, dict):
         raise RecordError("<record>", "wrong type", f"must be an object, got {type(record).__name__}")
-    return CONVERTERS[attr.formatting](record, attr)
+    try:
+        return CONVERTERS[attr.formatting](record, attr)
+    except RecursionError:  # a value nested nearly as deep as the JSON reader allows, then serialized
+        raise RecordError("<record>", "nested too deeply", "flatten the value or remove the record") from None
