@@ -262,3 +262,53 @@ def test_train_on_a_hostile_input_fails_before_the_model_loads(name, base_cfg, t
     with pytest.raises(DataError) as err:
         train(None, {**base_cfg, "dataset": name, "dataset_dir": str(root)})
     assert HOSTILE[name] in str(err.value)
+
+
+def test_check_reports_fields_cut_before_tokenizing(base_cfg, weightless_model, tmp_path, capsys):
+    """A 2 MB answer is cut to 32 x cutoff_len characters before tokenizing; check says so, and its
+    lengths (tokens before truncation) are those of the kept part: bounded too."""
+    root = tmp_path / "data"
+    root.mkdir()
+    records = [
+        {"instruction": "hi", "output": "many words here " * 125_000},
+        {"instruction": "q", "output": "a"},
+    ]
+    (root / "big.json").write_text(json.dumps(records))
+    (root / "dataset_info.json").write_text(json.dumps({"big": {"file_name": "big.json"}}))
+    cfg = {
+        **base_cfg,
+        "model_name_or_path": str(weightless_model),
+        "dataset": "big",
+        "dataset_dir": str(root),
+    }
+    assert main(["check", str(write_cfg(tmp_path, cfg))]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "big (dataset): 2 records, 2 kept, 0 dropped, 1 truncated, "
+        "1 fields cut to 4096 characters before tokenizing" in out
+    )
+    assert "1 truncated, 1 fields cut before tokenizing" in out
+    report = json.loads((Path(cfg["output_dir"]) / "data_report.json").read_text())
+    (entry,) = report["datasets"]
+    assert (entry["fields_cut"], entry["field_chars"], report["totals"]["fields_cut"]) == (1, 4096, 1)
+    assert 128 < entry["lengths"]["total"]["max"] < 4096  # before: the whole 2 MB answer, 500k tokens
+
+
+def test_check_of_packed_pt_cuts_nothing(base_cfg, weightless_model, tmp_path):
+    """Packed pt splits long texts into cutoff_len pieces: no field is cut, every token is kept."""
+    from lmstack.cli.check import run_check
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "t.jsonl").write_text(json.dumps({"text": "many words here " * 20_000}) + "\n")
+    (root / "dataset_info.json").write_text(
+        json.dumps({"t": {"file_name": "t.jsonl", "columns": {"prompt": "text"}}})
+    )
+    cfg = {**base_cfg, "model_name_or_path": str(weightless_model), "stage": "pt", "dataset": "t"}
+    report, _ = run_check(None, {**cfg, "dataset_dir": str(root)})
+    assert report["pt_split"] is True
+    (entry,) = report["datasets"]
+    assert entry["fields_cut"] == 0 and entry["split_texts"] == 1
+    assert entry["lengths"]["total"]["max"] > 32 * 128 and entry["pieces"] == -(
+        -entry["lengths"]["total"]["max"] // 128
+    )
