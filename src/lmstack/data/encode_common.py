@@ -29,6 +29,7 @@ IGNORE_INDEX = -100
 CHARS_PER_TOKEN = 32  # a text field keeps at most this many characters per cutoff_len token
 CHUNK_CHARS = 1 << 16  # a long text is tokenized in pieces of at most this many characters
 TOO_LONG = "field too long"
+IDENTICAL = "chosen and rejected are identical"
 
 
 @dataclass(frozen=True)

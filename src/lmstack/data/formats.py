@@ -10,7 +10,8 @@ index. Nothing is skipped here: the caller counts every problem by `kind` and li
 
 Problem kinds (what `lmstack check` and the training log count by): missing field, wrong type,
 empty response, empty conversation, wrong role order, unknown role, odd number of turns,
-wrong number of turns (ranking), bad JSON line, bad tool call, nested too deeply.
+wrong number of turns (ranking), bad JSON line, bad tool call, nested too deeply,
+chosen and rejected are identical (ranking).
 (Multimodal columns never get here: registry.py refuses them, lmstack has no multimodal support yet.)
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lmstack.data.encode_common import IDENTICAL
 from lmstack.data.registry import DatasetAttr
 
 
@@ -102,6 +104,7 @@ def convert_alpaca(record: dict, attr: DatasetAttr) -> dict:
             if not answer.strip():
                 raise RecordError(col, "empty response")
             response.append({"role": "assistant", "content": answer})
+        _check_distinct(response, attr.column("rejected") or "rejected")
     else:
         out = _text(
             record,
@@ -117,6 +120,12 @@ def convert_alpaca(record: dict, attr: DatasetAttr) -> dict:
         "kto_tag": _kto_tag(record, attr.column("kto_tag")),
         "response_field": None if attr.ranking else attr.column("response"),
     }
+
+
+def _check_distinct(answers: list[dict], col: str) -> None:
+    """A preference pair whose two answers are the same text teaches nothing (its margin is 0)."""
+    if answers[0] == answers[1]:
+        raise RecordError(col, IDENTICAL, "a preference pair needs two different answers")
 
 
 def _role_map(attr: DatasetAttr) -> dict[str, str]:
@@ -194,6 +203,7 @@ def _split_conversation(messages: list[dict], col: str, attr: DatasetAttr, recor
             if not answer["content"].strip():
                 raise RecordError(f"{col}.{attr.tags['content_tag']}", "empty response")
             answers.append(answer)
+        _check_distinct(answers, f"{col}.{attr.tags['content_tag']}")
         return messages, answers
     if len(messages) % 2 != 0:
         raise RecordError(

@@ -227,3 +227,57 @@ def test_an_entry_of_the_wrong_type_is_named(entry, match, ddir):
     registry(ddir, x=entry)
     with pytest.raises(DataError, match=match):
         get_dataset_attrs("x", ddir)
+
+
+# ---- preference pairs with two identical answers -----------------------------------------------
+def test_identical_chosen_and_rejected_are_counted_and_dropped(ddir, make_cfg, tiny_tokenizer, qwen):
+    """Before, such a pair was trained on: its two rows are the same, so its DPO margin is always 0."""
+    alpaca = [
+        {"instruction": f"q{i}", "chosen": f"good {i}", "worse": f"bad {i}" if i != 1 else "good 1"}
+        for i in range(3)
+    ]
+    sharegpt = json.loads((DATA_DIR / "dpo_zh_demo.json").read_text())[:3]
+    sharegpt[2]["rejected"] = dict(sharegpt[2]["chosen"])
+    (ddir / "a.json").write_text(json.dumps(alpaca))
+    (ddir / "s.json").write_text(json.dumps(sharegpt))
+    info = json.loads((DATA_DIR / "dataset_info.json").read_text())
+    registry(
+        ddir,
+        a={"file_name": "a.json", "ranking": True, "columns": {"chosen": "chosen", "rejected": "worse"}},
+        s=dict(info["dpo_zh_demo"], file_name="s.json"),
+    )
+    cfg = make_cfg(dataset="a,s", dataset_dir=str(ddir), stage="dpo")
+    data, (a, s) = load_split(cfg, "a,s", "dataset", tiny_tokenizer, qwen)
+    assert len(data) == 4
+    for stats, position, field in ((a, "record 1", "worse"), (s, "record 2", "rejected.value")):
+        assert stats.records == 3 and stats.kept == 2
+        assert stats.dropped == {"chosen and rejected are identical": 1}
+        (p,) = stats.problems
+        assert (p["position"], p["field"]) == (position, field)
+        assert (
+            p["reason"] == "chosen and rejected are identical: a preference pair needs two different answers"
+        )
+
+
+def test_answers_that_differ_only_past_cutoff_len_are_dropped(ddir, make_cfg, tiny_tokenizer, qwen):
+    same = "The capital of France is Paris, a city on the Seine with many museums and bridges. " * 4
+    pairs = [
+        {"instruction": "Capital of France?", "chosen": same + "Yes.", "rejected": same + "No."},
+        {"instruction": "Capital of Italy?", "chosen": "Rome.", "rejected": "Milan."},
+    ]
+    (ddir / "p.json").write_text(json.dumps(pairs))
+    registry(
+        ddir,
+        p={"file_name": "p.json", "ranking": True, "columns": {"chosen": "chosen", "rejected": "rejected"}},
+    )
+    cfg = make_cfg(dataset="p", dataset_dir=str(ddir), stage="rm", cutoff_len=48)
+    report = check_data(cfg, tiny_tokenizer, qwen)
+    (entry,) = report["datasets"]
+    assert entry["kept"] == 1 and entry["dropped"] == {"chosen and rejected are identical": 1}
+    reason = entry["problems"][0]["reason"]
+    assert reason.startswith("chosen and rejected are identical after truncation to cutoff_len=48")
+    assert "raise cutoff_len" in reason
+    wide = check_data(
+        make_cfg(dataset="p", dataset_dir=str(ddir), stage="rm", cutoff_len=1024), tiny_tokenizer, qwen
+    )
+    assert wide["datasets"][0]["kept"] == 2
