@@ -199,3 +199,116 @@ def test_streaming_train_runs(base_cfg, caplog):
         metrics = train(None, cfg)
     assert metrics["train_loss"] > 0
     assert any("tokenized while training" in r.getMessage() for r in caplog.records)
+
+
+# ---- hostile inputs (issue 18): exit 2 naming the file / record / entry, never a traceback ------
+def _hostile_dir(root: Path) -> Path:
+    root.mkdir()
+    (root / "latin.json").write_bytes('[{"instruction": "café", "output": "x"}]'.encode("latin-1"))
+    (root / "ragged.csv").write_text("instruction,output\na,b\nc,d,e\n")
+    deep = "[" * 100_000 + "]" * 100_000
+    (root / "deep.json").write_text(f'[{{"instruction": "a", "output": "b"}}, {{"instruction": {deep}}}]')
+    (root / "ok.json").write_text('[{"instruction": "a", "output": "b"}]')
+    (root / "outside.json").write_text('[{"instruction": "secret", "output": "b"}]')
+    (root / "parts").mkdir()
+    (root / "parts" / "0.json").write_text('[{"instruction": "a", "output": "b"}]')
+    info = {
+        "latin": {"file_name": "latin.json"},
+        "ragged": {"file_name": "ragged.csv"},
+        "deep": {"file_name": "deep.json"},
+        "nothing": None,
+        "number": {"file_name": 7},
+        "linked": {"file_name": "parts"},
+    }
+    (root / "dataset_info.json").write_text(json.dumps(info))
+    return root
+
+
+HOSTILE = {
+    "latin": "latin.json: not UTF-8 text: byte 0xe9 at byte offset 21 (line 1) cannot be decoded",
+    "ragged": "ragged.csv row 1 (line 3): 3 fields, the header has 2 (instruction, output)",
+    "deep": "deep.json record 1: nested deeper than the JSON reader allows",
+    "nothing": "dataset_info.json [nothing]: the entry is null, not an object",
+    "number": "dataset_info.json [number]: file_name: got 7; expected a non-empty string",
+    "linked": "dataset_info.json [linked]: file_name 'parts': ",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_check_exits_2_naming_the_place_of_a_hostile_input(
+    name, base_cfg, weightless_model, tmp_path, capsys
+):
+    root = _hostile_dir(tmp_path / "data")
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text('[{"instruction": "secret", "output": "b"}]')
+    (root / "parts" / "1.json").symlink_to(outside)
+    cfg = {**base_cfg, "model_name_or_path": str(weightless_model), "dataset": name, "dataset_dir": str(root)}
+    assert main(["check", str(write_cfg(tmp_path, cfg))]) == 2
+    err = capsys.readouterr().err
+    assert HOSTILE[name] in err and "Traceback" not in err
+    if name == "linked":
+        assert f"{root / 'parts' / '1.json'} is a link to {outside.resolve()}, outside dataset_dir" in err
+
+
+@pytest.mark.parametrize("name", ["latin", "ragged", "nothing"])
+def test_train_on_a_hostile_input_fails_before_the_model_loads(name, base_cfg, tmp_path, monkeypatch):
+    import lmstack.train.sft as sft
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model must not load for unreadable data")
+
+    monkeypatch.setattr(sft, "load_model", no_model)
+    root = _hostile_dir(tmp_path / "data")
+    with pytest.raises(DataError) as err:
+        train(None, {**base_cfg, "dataset": name, "dataset_dir": str(root)})
+    assert HOSTILE[name] in str(err.value)
+
+
+def test_check_reports_fields_cut_before_tokenizing(base_cfg, weightless_model, tmp_path, capsys):
+    """A 2 MB answer is cut to 32 x cutoff_len characters before tokenizing; check says so, and its
+    lengths (tokens before truncation) are those of the kept part: bounded too."""
+    root = tmp_path / "data"
+    root.mkdir()
+    records = [
+        {"instruction": "hi", "output": "many words here " * 125_000},
+        {"instruction": "q", "output": "a"},
+    ]
+    (root / "big.json").write_text(json.dumps(records))
+    (root / "dataset_info.json").write_text(json.dumps({"big": {"file_name": "big.json"}}))
+    cfg = {
+        **base_cfg,
+        "model_name_or_path": str(weightless_model),
+        "dataset": "big",
+        "dataset_dir": str(root),
+    }
+    assert main(["check", str(write_cfg(tmp_path, cfg))]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "big (dataset): 2 records, 2 kept, 0 dropped, 1 truncated, "
+        "1 fields cut to 4096 characters before tokenizing" in out
+    )
+    assert "1 truncated, 1 fields cut before tokenizing" in out
+    report = json.loads((Path(cfg["output_dir"]) / "data_report.json").read_text())
+    (entry,) = report["datasets"]
+    assert (entry["fields_cut"], entry["field_chars"], report["totals"]["fields_cut"]) == (1, 4096, 1)
+    assert 128 < entry["lengths"]["total"]["max"] < 4096  # before: the whole 2 MB answer, 500k tokens
+
+
+def test_check_of_packed_pt_cuts_nothing(base_cfg, weightless_model, tmp_path):
+    """Packed pt splits long texts into cutoff_len pieces: no field is cut, every token is kept."""
+    from lmstack.cli.check import run_check
+
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "t.jsonl").write_text(json.dumps({"text": "many words here " * 20_000}) + "\n")
+    (root / "dataset_info.json").write_text(
+        json.dumps({"t": {"file_name": "t.jsonl", "columns": {"prompt": "text"}}})
+    )
+    cfg = {**base_cfg, "model_name_or_path": str(weightless_model), "stage": "pt", "dataset": "t"}
+    report, _ = run_check(None, {**cfg, "dataset_dir": str(root)})
+    assert report["pt_split"] is True
+    (entry,) = report["datasets"]
+    assert entry["fields_cut"] == 0 and entry["split_texts"] == 1
+    assert entry["lengths"]["total"]["max"] > 32 * 128 and entry["pieces"] == -(
+        -entry["lengths"]["total"]["max"] // 128
+    )

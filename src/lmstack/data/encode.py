@@ -1,7 +1,9 @@
 """Canonical example -> token ids + labels, per stage. Truncation is counted, never silent.
 
 sft and pt are encoded here; the preference/RL stages in encode_pref.py. `ENCODERS` maps each stage
-to its encoder. The shared pieces live in encode_common.py and are re-exported here, so
+to its encoder; `encode_example` is what the pipeline calls: the record's text fields bounded first
+(encode_common.py: bounded per-record work), then the stage's encoder. The shared pieces live in
+encode_common.py and are re-exported here, so
 `from lmstack.data.encode import IGNORE_INDEX, DropExample, EncodeOptions, ...` keeps working.
 """
 
@@ -13,7 +15,9 @@ from lmstack.data.encode_common import (
     IGNORE_INDEX,
     DropExample,
     EncodeOptions,
+    bound_example,
     encode_kwargs,
+    encode_text,
     infer_seqlen,
 )
 from lmstack.data.encode_pref import encode_kto, encode_pairwise, encode_prompt_only
@@ -23,6 +27,7 @@ __all__ = [
     "IGNORE_INDEX",
     "DropExample",
     "EncodeOptions",
+    "encode_example",
     "encode_pretrain",
     "encode_supervised",
     "infer_seqlen",
@@ -73,13 +78,14 @@ def encode_supervised(example: dict, tokenizer: Any, template: Any, opts: Encode
 
 
 def encode_pretrain(example: dict, tokenizer: Any, template: Any, opts: EncodeOptions) -> tuple[dict, bool]:
-    """Plain text + EOS; all tokens trained. Long texts are cut to cutoff_len (counted)."""
+    """Plain text + EOS; all tokens trained. Long texts are cut to cutoff_len (counted); a text encoded
+    whole (packed pt) is tokenized a piece at a time."""
     text = example["prompt"][0]["content"] if example["prompt"] else ""
     if example["response"]:
         text = f"{text}\n{example['response'][0]['content']}" if text else example["response"][0]["content"]
     if not text.strip():
         raise DropExample("empty text")
-    ids = list(tokenizer.encode(text, add_special_tokens=False)) + [tokenizer.eos_token_id]
+    ids = encode_text(tokenizer, text) + [tokenizer.eos_token_id]
     truncated = len(ids) > opts.cutoff_len
     ids = ids[: opts.cutoff_len]
     return {"input_ids": ids, "labels": list(ids)}, truncated
@@ -95,3 +101,12 @@ ENCODERS = {
     "grpo": encode_prompt_only,
     "rloo": encode_prompt_only,
 }
+
+
+def encode_example(
+    example: dict, tokenizer: Any, template: Any, opts: EncodeOptions
+) -> tuple[dict, bool, int]:
+    """(sample, truncated, text fields cut before tokenizing) of one canonical example."""
+    example, fields_cut = bound_example(example, tokenizer, opts)
+    sample, truncated = ENCODERS[opts.stage](example, tokenizer, template, opts)
+    return sample, truncated, fields_cut

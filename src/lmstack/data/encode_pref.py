@@ -10,14 +10,22 @@ row and an sft row of the same conversation are identical. Stages adapt these ro
     ppo, grpo, rloo:    input_ids (the prompt, ending with the assistant opener; answers are generated)
 
 Truncation follows REFERENCE §3.4: pairwise uses the longer answer as the target length and cuts
-both answers to it; counted as truncated, never silent.
+both answers to it; counted as truncated, never silent. A pair whose answers are the same after the
+cut is dropped (counted as "chosen and rejected are identical", like an identical pair in the data).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lmstack.data.encode_common import IGNORE_INDEX, DropExample, EncodeOptions, encode_kwargs, infer_seqlen
+from lmstack.data.encode_common import (
+    IDENTICAL,
+    IGNORE_INDEX,
+    DropExample,
+    EncodeOptions,
+    encode_kwargs,
+    infer_seqlen,
+)
 
 
 def _prompt_and_answer(
@@ -50,6 +58,12 @@ def encode_pairwise(example: dict, tokenizer: Any, template: Any, opts: EncodeOp
     prompt, chosen, rejected = prompt[:src_len], chosen[:tgt_len], rejected[:tgt_len]
     if not prompt:
         raise DropExample("no prompt token left after truncation to cutoff_len")
+    if chosen == rejected:  # the answers differ only past cutoff_len: nothing to prefer
+        raise DropExample(
+            f"{IDENTICAL} after truncation to cutoff_len={opts.cutoff_len} (they differ only after "
+            "it); raise cutoff_len or shorten the prompt",
+            kind=IDENTICAL,
+        )
     chosen_ids, chosen_labels = _row(prompt, chosen)
     rejected_ids, rejected_labels = _row(prompt, rejected)
     sample = {

@@ -10,7 +10,8 @@ index. Nothing is skipped here: the caller counts every problem by `kind` and li
 
 Problem kinds (what `lmstack check` and the training log count by): missing field, wrong type,
 empty response, empty conversation, wrong role order, unknown role, odd number of turns,
-wrong number of turns (ranking), bad JSON line, bad tool call.
+wrong number of turns (ranking), bad JSON line, bad tool call, nested too deeply,
+chosen and rejected are identical (ranking).
 (Multimodal columns never get here: registry.py refuses them, lmstack has no multimodal support yet.)
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lmstack.data.encode_common import IDENTICAL
 from lmstack.data.registry import DatasetAttr
 
 
@@ -55,9 +57,18 @@ def _kto_tag(record: dict, column: str | None) -> bool | None:
 
 
 def _tools(record: dict, column: str | None) -> str | None:
+    """The tools column as JSON text: a list of function schemas (objects), given as JSON or as a list."""
     if column is None or record.get(column) in (None, "", []):
         return None
     value = record[column]
+    schemas = value
+    if isinstance(value, str):
+        try:
+            schemas = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise RecordError(column, "wrong type", f"not valid JSON ({err.msg})") from None
+    if not isinstance(schemas, list) or not all(isinstance(t, dict) for t in schemas):
+        raise RecordError(column, "wrong type", "must be a JSON list of function schemas (objects)")
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
@@ -93,6 +104,7 @@ def convert_alpaca(record: dict, attr: DatasetAttr) -> dict:
             if not answer.strip():
                 raise RecordError(col, "empty response")
             response.append({"role": "assistant", "content": answer})
+        _check_distinct(response, attr.column("rejected") or "rejected")
     else:
         out = _text(
             record,
@@ -108,6 +120,12 @@ def convert_alpaca(record: dict, attr: DatasetAttr) -> dict:
         "kto_tag": _kto_tag(record, attr.column("kto_tag")),
         "response_field": None if attr.ranking else attr.column("response"),
     }
+
+
+def _check_distinct(answers: list[dict], col: str) -> None:
+    """A preference pair whose two answers are the same text teaches nothing (its margin is 0)."""
+    if answers[0] == answers[1]:
+        raise RecordError(col, IDENTICAL, "a preference pair needs two different answers")
 
 
 def _role_map(attr: DatasetAttr) -> dict[str, str]:
@@ -185,6 +203,7 @@ def _split_conversation(messages: list[dict], col: str, attr: DatasetAttr, recor
             if not answer["content"].strip():
                 raise RecordError(f"{col}.{attr.tags['content_tag']}", "empty response")
             answers.append(answer)
+        _check_distinct(answers, f"{col}.{attr.tags['content_tag']}")
         return messages, answers
     if len(messages) % 2 != 0:
         raise RecordError(
@@ -330,4 +349,7 @@ CONVERTERS = {"alpaca": convert_alpaca, "sharegpt": convert_sharegpt, "openai": 
 def convert(record: Any, attr: DatasetAttr) -> dict:
     if not isinstance(record, dict):
         raise RecordError("<record>", "wrong type", f"must be an object, got {type(record).__name__}")
-    return CONVERTERS[attr.formatting](record, attr)
+    try:
+        return CONVERTERS[attr.formatting](record, attr)
+    except RecursionError:  # a value nested nearly as deep as the JSON reader allows, then serialized
+        raise RecordError("<record>", "nested too deeply", "flatten the value or remove the record") from None

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lmstack.config.errors import DataError
-from lmstack.data.registry import FILE_TYPES, DatasetAttr
+from lmstack.data.registry import FILE_TYPES, TOO_DEEP, DatasetAttr, read_utf8
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +42,15 @@ def _files(source: str) -> list[Path]:
 
 
 def _read_json(path: Path) -> list[RawRecord]:
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path)
     if path.suffix == ".json":
         try:
             data = json.loads(text)
+        except RecursionError:
+            if not text.lstrip().startswith("["):
+                return _read_jsonl_text(path, text)  # one object per line: each line is judged alone
+            index = _too_deep_record(text)
+            raise DataError(f"{path} record {index}: {TOO_DEEP}") from None
         except json.JSONDecodeError as err:
             if text.lstrip().startswith("["):
                 raise DataError(
@@ -57,6 +65,26 @@ def _read_json(path: Path) -> list[RawRecord]:
     return _read_jsonl_text(path, text)
 
 
+_BETWEEN_RECORDS = re.compile(r"[\s,]*")
+
+
+def _too_deep_record(text: str) -> int | str:
+    """The index of the record of a JSON array that the reader cannot parse for its depth (parsed
+    one record at a time, so only the error path pays for it)."""
+    decoder, pos, index = json.JSONDecoder(), text.index("[") + 1, 0
+    while True:
+        pos = _BETWEEN_RECORDS.match(text, pos).end()
+        if pos >= len(text) or text[pos] == "]":
+            return "?"
+        try:
+            _, pos = decoder.raw_decode(text, pos)
+        except RecursionError:
+            return index
+        except json.JSONDecodeError:
+            return "?"
+        index += 1
+
+
 def _read_jsonl_text(path: Path, text: str) -> list[RawRecord]:
     out = []
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -66,21 +94,52 @@ def _read_jsonl_text(path: Path, text: str) -> list[RawRecord]:
             out.append(RawRecord(str(path), f"line {lineno}", json.loads(line)))
         except json.JSONDecodeError as err:
             out.append(RawRecord(str(path), f"line {lineno}", None, error=f"bad JSON line: {err.msg}"))
+        except RecursionError:
+            out.append(RawRecord(str(path), f"line {lineno}", None, error=f"bad JSON line: {TOO_DEEP}"))
     return out
 
 
 def _read_text(path: Path) -> list[RawRecord]:
     return [
         RawRecord(str(path), f"line {i}", {"text": line})
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+        for i, line in enumerate(read_utf8(path).splitlines(), start=1)
         if line.strip()
     ]
+
+
+def _check_csv(path: Path) -> None:
+    """UTF-8, and every row as many fields as the header (a stray comma shifts the columns); blank
+    lines are skipped, as the table reader skips them, so row numbers match the records' positions."""
+    rows = csv.reader(io.StringIO(read_utf8(path), newline=""))
+    header = next(rows, None)
+    if header is None:
+        return
+    index = 0
+    try:
+        for row in rows:
+            if not row:
+                continue
+            if len(row) != len(header):
+                raise DataError(
+                    f"{path} row {index} (line {rows.line_num}): {len(row)} field{'s' * (len(row) != 1)}, the header has "
+                    f"{len(header)} ({', '.join(header)}); quote values that hold a comma "
+                    "and give every row the same number of fields"
+                )
+            index += 1
+    except csv.Error as err:
+        raise DataError(f"{path} row {index} (line {rows.line_num}): not valid CSV: {err}") from None
 
 
 def _read_table(path: Path, kind: str) -> list[RawRecord]:
     import datasets
 
-    table = datasets.load_dataset(kind, data_files=str(path), split="train")
+    if kind == "csv":
+        _check_csv(path)
+    try:
+        table = datasets.load_dataset(kind, data_files=str(path), split="train")
+    except Exception as err:  # the reader's own error names neither file nor row: add the file
+        cause = err.__cause__ or err
+        raise DataError(f"{path}: could not be read as {kind}: {type(cause).__name__}: {cause}") from None
     return [RawRecord(str(path), f"row {i}", rec) for i, rec in enumerate(table)]
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from lmstack.config.errors import ConfigError, DataError
 from lmstack.config.schema import Config
 from lmstack.data import cache as data_cache
-from lmstack.data.encode import ENCODERS, DropExample, EncodeOptions
+from lmstack.data.encode import ENCODERS, DropExample, EncodeOptions, encode_example
 from lmstack.data.formats import RecordError, convert
 from lmstack.data.loader import RawRecord, read_records
 from lmstack.data.mix import mix_datasets, parse_probs
@@ -47,23 +47,22 @@ logger = logging.getLogger(__name__)
 _JOB: dict[str, Any] = {}
 
 
-def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int]:
+def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int]:
     """Encode records[start:end]. Returns (ragged {key: (int32 array, lengths)}, dense {key: list},
-    problems [(index, field, kind, reason)], truncated count)."""
+    problems [(index, field, kind, reason)], truncated count, text fields cut before tokenizing)."""
     records, attr, tokenizer, template, opts = _JOB["job"]
-    encoder = ENCODERS[opts.stage]
     flat: dict[str, array] = {}  # int32 buffers: cheap to extend, zero-copy to numpy
     lengths: dict[str, list[int]] = {}
     dense: dict[str, list] = {}
     problems: list[tuple] = []
-    truncated = 0
+    truncated = fields_cut = 0
     for i in range(*bounds):
         raw = records[i]
         if raw.error:
             problems.append((i, None, "bad JSON line", raw.error))
             continue
         try:
-            sample, was_cut = encoder(convert(raw.data, attr), tokenizer, template, opts)
+            sample, was_cut, n_cut = encode_example(convert(raw.data, attr), tokenizer, template, opts)
         except RecordError as err:
             problems.append((i, err.field, err.kind, err.reason))
             continue
@@ -71,6 +70,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int]:
             problems.append((i, err.field, err.kind, err.reason))
             continue
         truncated += bool(was_cut)
+        fields_cut += n_cut
         for key, value in sample.items():
             if isinstance(value, list | tuple):
                 flat.setdefault(key, array("i")).extend(value)
@@ -78,7 +78,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int]:
             else:
                 dense.setdefault(key, []).append(value)
     ragged = {k: (np.frombuffer(v, dtype=np.int32), lengths[k]) for k, v in flat.items()}
-    return ragged, dense, problems, truncated
+    return ragged, dense, problems, truncated, fields_cut
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -94,7 +94,7 @@ def encode_records(
     workers: int = 1,
     batch_size: int = 1000,
 ) -> tuple[TokenizedDataset, DatasetStats]:
-    stats = DatasetStats(attr.name, records=len(records))
+    stats = DatasetStats(attr.name, records=len(records), field_chars=opts.field_chars)
     if opts.stage not in ENCODERS:
         raise ConfigError(f"stage: {opts.stage!r} has no data encoder; available: {', '.join(ENCODERS)}")
     _JOB["job"] = (records, attr, tokenizer, template, opts)
@@ -114,7 +114,7 @@ def encode_records(
         _JOB.clear()
     ragged: dict[str, tuple[list, list]] = {}
     dense: dict[str, list] = {}
-    for part_ragged, part_dense, problems, truncated in results:
+    for part_ragged, part_dense, problems, truncated, fields_cut in results:
         for key, (values, lens) in part_ragged.items():
             ragged.setdefault(key, ([], []))
             ragged[key][0].append(values)
@@ -122,6 +122,7 @@ def encode_records(
         for key, values in part_dense.items():
             dense.setdefault(key, []).extend(values)
         stats.truncated += truncated
+        stats.fields_cut += fields_cut
         for idx, fld, kind, reason in problems:
             raw = records[idx]
             stats.dropped[kind] += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,18 +97,42 @@ def read_registry(dataset_dir: str | Path) -> tuple[Path, dict[str, Any]]:
             "folder that holds it"
         )
     try:
-        table = json.loads(path.read_text(encoding="utf-8"))
+        table = json.loads(read_utf8(path))
     except json.JSONDecodeError as err:
         raise DataError(
             f"{path}: not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}"
         ) from None
+    except RecursionError:
+        raise DataError(f"{path}: {TOO_DEEP}") from None
     if not isinstance(table, dict):
         raise DataError(f"{path}: expected an object keyed by dataset name")
     return path, table
 
 
-def _parse_entry(name: str, entry: dict, registry: Path) -> DatasetAttr:
+def read_utf8(path: Path) -> str:
+    """The file's text; a file that is not UTF-8 is refused naming the byte offset (and its line)."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(
+            f"{path}: not UTF-8 text: byte 0x{data[err.start]:02x} at byte offset {err.start} (line {line}) "
+            f"cannot be decoded ({err.reason}); save the file as UTF-8 (for a latin-1 file: "
+            f"iconv -f latin1 -t utf-8 {path.name} > fixed{path.suffix})"
+        ) from None
+
+
+TOO_DEEP = "nested deeper than the JSON reader allows; flatten the value or remove the record"
+
+
+def _parse_entry(name: str, entry: Any, registry: Path) -> DatasetAttr:
     where = f"{registry} [{name}]"
+    if not isinstance(entry, dict):
+        raise DataError(
+            f"{where}: the entry is {json.dumps(entry)[:80]}, not an object; write it as "
+            '{"file_name": "<file or folder in dataset_dir>", ...} or remove it'
+        )
     unknown = set(entry) - ENTRY_KEYS
     if unknown:
         key = sorted(unknown)[0]
@@ -115,6 +140,12 @@ def _parse_entry(name: str, entry: dict, registry: Path) -> DatasetAttr:
     formatting = entry.get("formatting", "alpaca")
     if formatting not in FORMATS:
         raise DataError(f"{where}: formatting: got {formatting!r}; allowed: {' | '.join(FORMATS)}")
+    for key in ("file_name", "hf_hub_url"):
+        if key in entry and not (isinstance(entry[key], str) and entry[key].strip()):
+            raise DataError(
+                f"{where}: {key}: got {json.dumps(entry[key])[:80]}; expected a non-empty string "
+                f"({'a file or folder in dataset_dir' if key == 'file_name' else 'a hub dataset id'})"
+            )
     if "file_name" in entry:
         load_from, source = "file", _safe_path(entry["file_name"], registry.parent, where)
     elif "hf_hub_url" in entry:
@@ -170,18 +201,46 @@ def _refuse_media(name: str, columns: dict, registry: Path) -> None:
 
 
 def _safe_path(file_name: str, root: Path, where: str) -> str:
-    """A registry file_name must stay inside dataset_dir (no `..`, no absolute path, no escaping link)."""
+    """A registry file_name must stay inside dataset_dir: no `..`, no absolute path, and no link (on
+    the way to it, or anywhere inside a dataset folder) that resolves outside dataset_dir."""
     candidate = Path(file_name)
     if candidate.is_absolute() or ".." in candidate.parts:
         raise DataError(f"{where}: file_name {file_name!r} points outside dataset_dir; use a path inside it")
-    full = (root / candidate).resolve()
-    if not full.is_relative_to(root.resolve()):
+    inside = root.resolve()
+    link = _escaping_link(
+        [root / Path(*candidate.parts[: i + 1]) for i in range(len(candidate.parts))], inside
+    )
+    if link is None and (root / candidate).is_dir():
+        link = _escaping_link(_folder_entries(root / candidate), inside)
+    if link is not None:
         raise DataError(
-            f"{where}: file_name {file_name!r} resolves outside dataset_dir (a link?); refusing it"
+            f"{where}: file_name {file_name!r}: {link} is a link to {link.resolve()}, outside dataset_dir "
+            f"{inside}; refusing it (copy the data into dataset_dir, or point dataset_dir at a folder "
+            "that holds it)"
         )
+    full = (root / candidate).resolve()
+    if not full.is_relative_to(inside):  # no link found on the way, yet outside: refuse all the same
+        raise DataError(f"{where}: file_name {file_name!r} resolves outside dataset_dir; refusing it")
     if not full.exists():
         raise DataError(f"{where}: file_name {file_name!r}: no such file in {root}")
     return str(full)
+
+
+def _folder_entries(folder: Path) -> list[Path]:
+    """Every file, folder and link under `folder`, hidden ones too (the cache hashes them); links to
+    folders are listed, not followed."""
+    out = []
+    for parent, dirs, files in os.walk(folder, followlinks=False):
+        out += [Path(parent) / n for n in dirs + files]
+    return out
+
+
+def _escaping_link(paths: list[Path], inside: Path) -> Path | None:
+    """The first of `paths` that is a symbolic link resolving outside `inside`."""
+    for path in paths:
+        if path.is_symlink() and not path.resolve().is_relative_to(inside):
+            return path
+    return None
 
 
 def get_dataset_attrs(

@@ -26,6 +26,8 @@ class DatasetStats:
     truncated: int = 0
     dropped: Counter = field(default_factory=Counter)  # kind -> count
     problems: list[dict] = field(default_factory=list)  # file, position, field, kind, reason
+    fields_cut: int = 0  # text fields cut to field_chars characters before tokenizing
+    field_chars: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -35,11 +37,22 @@ class DatasetStats:
             "truncated": self.truncated,
             "dropped": dict(self.dropped),
             "problems": self.problems,
+            "fields_cut": self.fields_cut,
+            "field_chars": self.field_chars,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> DatasetStats:
-        return cls(d["name"], d["records"], d["kept"], d["truncated"], Counter(d["dropped"]), d["problems"])
+        return cls(
+            d["name"],
+            d["records"],
+            d["kept"],
+            d["truncated"],
+            Counter(d["dropped"]),
+            d["problems"],
+            d.get("fields_cut", 0),  # absent from the reports written before the bound existed
+            d.get("field_chars", 0),
+        )
 
 
 @dataclass
@@ -59,9 +72,16 @@ def format_dropped(stats: DatasetStats) -> str:
     return ", ".join(f"{n} x {kind}" for kind, n in stats.dropped.most_common()) or "none"
 
 
+def format_fields_cut(stats: DatasetStats) -> str:
+    """`, 3 fields cut to 4096 characters before tokenizing` ('' when none was)."""
+    if not stats.fields_cut:
+        return ""
+    return f", {stats.fields_cut} fields cut to {stats.field_chars} characters before tokenizing"
+
+
 def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
     logger.info(
-        "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d",
+        "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d%s",
         stats.name,
         stats.records,
         stats.kept,
@@ -69,6 +89,7 @@ def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
         format_dropped(stats),
         stats.truncated,
         cutoff_len,
+        format_fields_cut(stats),
     )
     for p in stats.problems[:MAX_LOGGED_PROBLEMS]:
         logger.warning("  %s", format_problem(p))

@@ -20,7 +20,7 @@ from typing import Any
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
-from lmstack.data.encode import ENCODERS, DropExample, EncodeOptions
+from lmstack.data.encode import DropExample, EncodeOptions, encode_example
 from lmstack.data.formats import RecordError, convert
 from lmstack.data.loader import RawRecord, read_records
 from lmstack.data.mix import interleave_order, parse_probs
@@ -52,7 +52,7 @@ class StreamingDataset(_base_class()):  # type: ignore[misc]
         self.sources, self.tokenizer, self.template, self.opts = sources, tokenizer, template, opts
         self.order, self.buffer_size, self.seed = order, buffer_size, seed
         self.passes = 0
-        self.stats = [DatasetStats(attr.name) for attr, _ in sources]
+        self.stats = [DatasetStats(attr.name, field_chars=opts.field_chars) for attr, _ in sources]
 
     def _encode(self, d: int, i: int) -> dict | None:
         attr, records = self.sources[d]
@@ -61,7 +61,7 @@ class StreamingDataset(_base_class()):  # type: ignore[misc]
         try:
             if raw.error:
                 raise RecordError("", "bad JSON line", raw.error.removeprefix("bad JSON line: "))
-            sample, was_cut = ENCODERS[self.opts.stage](
+            sample, was_cut, n_cut = encode_example(
                 convert(raw.data, attr), self.tokenizer, self.template, self.opts
             )
         except (RecordError, DropExample) as err:
@@ -78,6 +78,7 @@ class StreamingDataset(_base_class()):  # type: ignore[misc]
             return None
         stats.kept += 1
         stats.truncated += bool(was_cut)
+        stats.fields_cut += n_cut
         return sample
 
     def samples(self) -> Iterator[dict]:
@@ -92,7 +93,7 @@ class StreamingDataset(_base_class()):  # type: ignore[misc]
                 yield sample
 
     def __iter__(self) -> Iterator[dict]:
-        self.stats = [DatasetStats(attr.name) for attr, _ in self.sources]
+        self.stats = [DatasetStats(attr.name, field_chars=self.opts.field_chars) for attr, _ in self.sources]
         rng = random.Random(self.seed + self.passes)
         self.passes += 1
         buffer: list[dict] = []

@@ -4,7 +4,9 @@
   datasets[]: name, split (dataset | eval_dataset), records, kept, dropped {kind: n}, truncated,
               trainable_tokens, lengths {prompt, response, total: {p50, p95, max}} (tokens before
               truncation; prompt = masked tokens, response = trained tokens), problems[] (file,
-              position = "record i" / "line n" / "row i", field path, kind, reason)
+              position = "record i" / "line n" / "row i", field path, kind, reason),
+              fields_cut (text fields longer than field_chars = 32 x cutoff_len characters, cut
+              before tokenizing; their lengths are those of the kept part)
               with pt_split also: split_texts (texts longer than cutoff_len), pieces (rows after
               cutting them into cutoff_len pieces); truncated is then 0
   totals: the same counts summed; example: one encoded training sample as segments
@@ -26,7 +28,14 @@ from lmstack.config.schema import Config
 from lmstack.data.encode import IGNORE_INDEX
 from lmstack.data.pipeline import check_data_args, encode_records, load_one, read_limited
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
-from lmstack.data.stats import DatasetStats, check_ranking, encode_options, format_dropped, format_problem
+from lmstack.data.stats import (
+    DatasetStats,
+    check_ranking,
+    encode_options,
+    format_dropped,
+    format_fields_cut,
+    format_problem,
+)
 from lmstack.data.tokenized import TokenizedDataset
 
 WHOLE_TEXT = 1 << 30  # cutoff_len of a whole-record encode; train/pt.py encodes its texts with the same
@@ -135,7 +144,7 @@ def _entry(cfg: Config, attr: DatasetAttr, tokenizer: Any, template: Any) -> tup
             attr,
             tokenizer,
             template,
-            dataclasses.replace(opts, cutoff_len=WHOLE_TEXT),
+            dataclasses.replace(opts, cutoff_len=WHOLE_TEXT, bound_tokens=opts.cutoff_len),
             cfg.data.preprocessing_num_workers or 1,
             cfg.data.preprocessing_batch_size,
         )
@@ -173,6 +182,7 @@ def _totals(datasets: list[dict]) -> dict:
         "kept": sum(d["kept"] for d in datasets),
         "dropped": dict(dropped),
         "truncated": sum(d["truncated"] for d in datasets),
+        "fields_cut": sum(d["fields_cut"] for d in datasets),
         "trainable_tokens": sum(d["trainable_tokens"] for d in datasets),
         "problems": sum(len(d["problems"]) for d in datasets),
     }
@@ -212,6 +222,7 @@ def format_report(report: dict, color: bool = False) -> str:
             f"{d['name']} ({d['split']}): {d['records']} records, {d['kept']} kept, {dropped} dropped"
             + (f" ({format_dropped(DatasetStats.from_dict(d))})" if dropped else "")
             + f", {d['truncated']} truncated"
+            + format_fields_cut(DatasetStats.from_dict(d))
             + (f", {_pieces(d)}" if "pieces" in d else "")
             + f", {d['trainable_tokens']} trainable tokens"
         )
@@ -229,6 +240,7 @@ def format_report(report: dict, color: bool = False) -> str:
         "",
         f"total: {t['records']} records, {t['kept']} kept, {sum(t['dropped'].values())} dropped, "
         f"{t['truncated']} truncated, "
+        + (f"{t['fields_cut']} fields cut before tokenizing, " if t["fields_cut"] else "")
         + (f"{_pieces(t)}, " if "pieces" in t else "")
         + f"{t['trainable_tokens']} trainable tokens, {t['problems']} problems",
     ]
