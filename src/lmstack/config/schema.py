@@ -114,6 +114,9 @@ class FinetuningArgs(Section):
     additional_target: str | None = Field(None, description="Extra modules trained fully (modules_to_save).")
     use_rslora: bool = Field(False, description="Rank-stabilised LoRA scaling alpha/sqrt(r).")
     use_dora: bool = Field(False, description="Weight-decomposed LoRA (DoRA).")
+    lora_kernel: Literal["auto", "peft", "fused"] = Field(
+        "auto", description="LoRA Linear compute: fused (one autograd function, no add/scale kernels) | peft."
+    )
     pissa_init: bool = Field(
         False, description="Initialise LoRA from the principal singular vectors (PiSSA)."
     )

@@ -132,7 +132,27 @@ def apply_freeze(cfg: Config, model: Any) -> Any:
     return model
 
 
-def setup_finetuning(cfg: Config, model: Any) -> Any:
+def fuse_lora_layers(cfg: Config, model: Any) -> int:
+    """The run plan chose lora_kernel fused: every PEFT LoRA Linear computes through one fused autograd
+    function (models/fused_lora.py). A layer that cannot (a resumed DoRA adapter, a Conv1D base) is
+    refused by name under an explicit `lora_kernel: fused`; under auto it keeps PEFT's forward."""
+    from lmstack.models.fused_lora import apply_fused_lora
+
+    fused, skipped = apply_fused_lora(model)
+    if skipped:
+        name, why = next(iter(skipped.items()))
+        if cfg.finetuning.lora_kernel == "fused":
+            raise ConfigError(
+                f"lora_kernel: fused cannot compute LoRA layer {name} ({why}; {len(skipped)} such "
+                "layer(s)); use lora_kernel: peft or auto (auto keeps PEFT's forward for those layers)"
+            )
+        logger.info("LoRA kernel: %d layer(s) keep PEFT's forward, e.g. %s (%s)", len(skipped), name, why)
+    logger.info("LoRA kernel: fused in %d LoRA Linear layers (scaling and add in the GEMM epilogue)", fused)
+    return fused
+
+
+def setup_finetuning(cfg: Config, model: Any, lora_kernel: str = "peft") -> Any:
+    """`lora_kernel` is the run plan's decision: fused (models/fused_lora.py) | peft (PEFT's forward)."""
     kind = cfg.finetuning.finetuning_type
     if kind == "lora":
         logger.info("Fine-tuning method: LoRA")
@@ -141,6 +161,8 @@ def setup_finetuning(cfg: Config, model: Any) -> Any:
 
         if cast_adapters_to_base_dtype(model):  # PEFT keeps fp32 adapters on a bf16 base: 1.4-1.55x slower
             logger.info("LoRA adapters kept in bf16 like the frozen base")
+        if lora_kernel == "fused":
+            fuse_lora_layers(cfg, model)
     elif kind == "freeze":
         model = apply_freeze(cfg, model)
     else:

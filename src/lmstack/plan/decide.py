@@ -264,3 +264,35 @@ def checkpointing(cfg: Config, user_value: bool | str) -> Reasoned:
             )
         return bool(gc), why + "needed) -> " + ("recompute to fit" if gc else "fits without recompute")
     return bool(gc), f"gradient_checkpointing: {str(gc).lower()}"
+
+
+def lora_kernel_blockers(cfg: Config, zero_stage: int | None) -> list[str]:
+    """What the fused LoRA Linear (models/fused_lora.py) needs that this config lacks (empty: it can run)."""
+    ft = cfg.finetuning
+    checks = [
+        (ft.finetuning_type != "lora", f"finetuning_type: lora (got {ft.finetuning_type})"),
+        (ft.use_dora, "use_dora: false (DoRA rescales the weight; PEFT computes it)"),
+        (cfg.model.quantization_bit is not None, "no quantization_bit (the base is a quantized layer)"),
+        (cfg.model.use_unsloth, "use_unsloth: false"),
+        (zero_stage == 3, "no DeepSpeed ZeRO-3 (it gathers each weight inside its own module's forward)"),
+    ]
+    return [need for failed, need in checks if failed]
+
+
+def lora_kernel(cfg: Config, zero_stage: int | None) -> Reasoned:
+    """fused | peft: how each LoRA Linear computes (lmstack's fused function or PEFT's own forward)."""
+    choice = cfg.finetuning.lora_kernel
+    if choice == "peft":
+        return "peft", "lora_kernel: peft (PEFT's forward: separate scale and add kernels)"
+    blockers = lora_kernel_blockers(cfg, zero_stage)
+    if choice == "fused":
+        if blockers:
+            raise ConfigError(
+                f"lora_kernel: fused needs {'; '.join(blockers)}. Use lora_kernel: auto or peft"
+            )
+        return "fused", "lora_kernel: fused"
+    if cfg.finetuning.finetuning_type != "lora":
+        return "peft", f"finetuning_type: {cfg.finetuning.finetuning_type} trains no LoRA layers"
+    if blockers:
+        return "peft", f"lora_kernel: auto -> PEFT's forward; fused needs {blockers[0]}"
+    return "fused", "lora_kernel: auto, fused LoRA Linear (scaling and add in the GEMM epilogue)"

@@ -51,6 +51,7 @@ class RunPlan:
     attention: str  # transformers' attn_implementation
     liger: bool
     loss_kernel: str  # liger | chunked | none
+    lora_kernel: str  # fused | peft: how LoRA Linear layers compute
     deepspeed: DeepSpeedPlan | None
     fsdp: FsdpPlan | None
     checkpointing: bool
@@ -128,6 +129,7 @@ class RunPlan:
             "attention": self.attention,
             "liger": self.liger,
             "loss_kernel": self.loss_kernel,
+            "lora_kernel": self.lora_kernel,
             "zero_stage": self.zero_stage,
             "deepspeed": self.deepspeed.ref if self.deepspeed else None,
             "fsdp": f"{self.fsdp.sharding} ({self.fsdp.source})" if self.fsdp else None,
@@ -236,6 +238,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     prec = decide.precision(cfg, ctx, dev, spec, zero, fsdp is not None)
     reasons["precision"] = prec.reason
     kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero)
+    lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero)
     ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
     micro = t.per_device_train_batch_size
     capacity = decide.row_capacity(cfg, micro) if packed else None
@@ -251,6 +254,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         attention=attn,
         liger=use_liger,
         loss_kernel=kernel,
+        lora_kernel=lora,
         deepspeed=ds,
         fsdp=fsdp,
         checkpointing=ckpt,

@@ -37,7 +37,7 @@ def run(plan: RunPlan) -> dict:
 
     model = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, model)
-    model = setup_finetuning(cfg, model)
+    model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
     loss = cfg.finetuning.pref_loss
     ref_model = rlhf.reference_model(plan, tokenizer, needs_reference=loss not in REFERENCE_FREE)
 

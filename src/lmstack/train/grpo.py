@@ -43,7 +43,7 @@ def run(plan: RunPlan) -> dict:
 
     model = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, model)
-    model = setup_finetuning(cfg, model)
+    model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
 
     g = cfg.generating
     config_cls, trainer_cls = TRAINERS[cfg.finetuning.stage]

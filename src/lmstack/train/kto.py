@@ -39,7 +39,7 @@ def run(plan: RunPlan) -> dict:
 
     model = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, model)
-    model = setup_finetuning(cfg, model)
+    model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
     ref_model = rlhf.reference_model(plan, tokenizer)
 
     ft = cfg.finetuning

@@ -53,7 +53,7 @@ def run(plan: RunPlan) -> dict:
     tokenizer, template = common.tokenizer_and_template(cfg)
     prompts = [row["input_ids"] for row in build_datasets(cfg, tokenizer, template).train.to_samples()]
 
-    backbone = setup_finetuning(cfg, load_model(plan.model_spec(), tokenizer))
+    backbone = setup_finetuning(cfg, load_model(plan.model_spec(), tokenizer), lora_kernel=plan.lora_kernel)
     policy = ValueHeadModel(backbone).to(device)
     ref_model = rlhf.reference_model(plan, tokenizer)
     ft = cfg.finetuning

@@ -34,7 +34,7 @@ def run(plan: RunPlan) -> dict:
 
     backbone = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, backbone)
-    backbone = setup_finetuning(cfg, backbone)
+    backbone = setup_finetuning(cfg, backbone, lora_kernel=plan.lora_kernel)
     backbone.config.num_labels = 1  # one scalar per sequence (TRL checks it)
     model = ValueHeadModel(backbone)
 

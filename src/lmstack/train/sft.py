@@ -33,7 +33,7 @@ def run(plan: RunPlan) -> dict:
     model = load_model(plan.model_spec(), tokenizer)
     apply_training_kernels(plan.loss_kernel, model)  # fused linear CE: no [tokens x vocab] logits in training
     common.enable_gradient_checkpointing(plan, model)
-    model = setup_finetuning(cfg, model)
+    model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
 
     trainer = common.build_trainer(plan, model, tokenizer, train_set, eval_set, collator, args)
     return common.train_and_save(plan, trainer, resume)
