@@ -2,7 +2,9 @@ import hashlib
 import subprocess
 import sys
 
-from lmstack.cli.main import build_parser, fields_help
+import pytest
+
+from lmstack.cli.main import build_parser, fields_help, split_train_args
 from lmstack.tiny import build_tiny_model
 
 SUBCOMMANDS = ("train", "check", "plan", "export", "chat", "api", "env", "tiny-model", "version")
@@ -27,7 +29,50 @@ def test_help_lists_subcommands_and_fields():
     ):
         assert line in train.stdout, line
     assert fields_help().count("\n    ") > 80  # every field, one line each
-    assert build_parser().parse_args(["train", "x.yaml", "lora_rank=16"]).overrides == ["lora_rank=16"]
+    assert build_parser().parse_args(["train", "x.yaml", "lora_rank=16"]).args == ["x.yaml", "lora_rank=16"]
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["version"]])
+def test_version_both_ways(argv):
+    from lmstack import __version__
+
+    proc = subprocess.run([sys.executable, "-m", "lmstack.cli.main", *argv], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"lmstack {__version__}"
+
+
+def test_train_takes_lf_flags_after_or_instead_of_a_config_file():
+    args = build_parser().parse_args(["train", "--model_name_or_path", "M", "--do_train", "--bf16"])
+    assert args.args == ["--model_name_or_path", "M", "--do_train", "--bf16"]
+    assert split_train_args(args.args) == (None, ["--model_name_or_path", "M", "--do_train", "--bf16"])
+    assert split_train_args(["c.yaml", "--lora_rank", "16", "seed=1"]) == (
+        "c.yaml",
+        ["--lora_rank", "16", "seed=1"],
+    )
+    assert split_train_args(["lora_rank=16"]) == (None, ["lora_rank=16"])
+    assert split_train_args([]) == (None, [])
+
+
+def test_train_flags_only_reports_every_problem_without_a_yaml():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lmstack.cli.main",
+            "train",
+            "--stage",
+            "sft",
+            "--use_kt",
+            "--lora_rank",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    err = proc.stderr[proc.stderr.index("error: ") :]
+    assert "use_kt: LLaMA-Factory's `use_kt: true`" in err
+    assert "lora_rank: got True; a boolean is not a number" in err
+    assert "model_name_or_path: required field is missing" in err and "output_dir: required" in err
 
 
 def test_cli_error_is_one_line_naming_the_field(tmp_path):

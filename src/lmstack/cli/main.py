@@ -57,10 +57,43 @@ def fields_help() -> str:
     return "\n".join(lines)
 
 
+TRAIN_USAGE = "lmstack train [CONFIG.yaml|.json] [key=value | --key value | --key=value | --flag ...]"
+
+
+def split_train_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """LF's forms: `train cfg.yaml [key=value ...]`, `train cfg.yaml --key value ...` and
+    `train --key value --flag ...` (no file). The first item is the config file unless it is an option
+    or a key=value pair."""
+    if items and not items[0].startswith("-") and "=" not in items[0]:
+        return items[0], items[1:]
+    return None, items
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from lmstack.train.run import train
 
-    train(args.config, args.overrides)
+    if any(item in ("-h", "--help") for item in args.args):
+        args.train_parser.print_help()
+        return 0
+    config, overrides = split_train_args(args.args)
+    if config is not None:
+        train(config, overrides)
+        return 0
+    # flags only: they become the run's YAML, so a torchrun relaunch hands the same config to every rank
+    import tempfile
+
+    import yaml
+
+    from lmstack.config.load import parse_overrides
+
+    flat = parse_overrides(overrides)
+    fd, path = tempfile.mkstemp(prefix="lmstack_flags_", suffix=".yaml")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            yaml.safe_dump(flat, handle, sort_keys=False, allow_unicode=True)
+        train(path, [])
+    finally:
+        os.unlink(path)
     return 0
 
 
@@ -152,18 +185,23 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `lmstack <command> --help` for a command's options.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"lmstack {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>")
 
+    # prefix_chars="+": every `--key` after `train` is a config field (LF's argparse form), not an option
     p = sub.add_parser(
         "train",
-        help="train with a YAML config (stages sft, ...)",
-        description="Train a model from a YAML config; key=value pairs override YAML fields.",
+        help="train with a YAML config and/or --key value flags (stages sft, ...)",
+        description="Train a model. LLaMA-Factory's forms: a YAML (or JSON) config, followed by key=value "
+        "or --key value overrides; or only --key value flags (a bare --flag means true).",
+        usage=TRAIN_USAGE,
         epilog=fields_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        prefix_chars="+",
+        add_help=False,
     )
-    p.add_argument("config", help="YAML config file")
-    p.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value overrides")
-    p.set_defaults(func=cmd_train)
+    p.add_argument("args", nargs="*", help="config file, then key=value / --key value / --flag")
+    p.set_defaults(func=cmd_train, train_parser=p)
 
     p = sub.add_parser(
         "tiny-model", help="build the offline tiny model + tokenizer used by the quickstart and tests"

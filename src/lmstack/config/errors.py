@@ -32,3 +32,18 @@ def enum_error(field: str, value: object, allowed: Iterable[str]) -> ConfigError
     return ConfigError(
         f"{field}: got {value!r}; allowed: {' | '.join(allowed)}{did_you_mean(str(value), allowed)}"
     )
+
+
+MAX_SHOWN = 200  # characters of a value quoted in an error message
+
+
+def short(value: object, limit: int = MAX_SHOWN) -> str:
+    """repr() of a value for a message, bounded: a huge or deeply nested value (a YAML alias bomb,
+    a pasted file) is cut, never expanded in full."""
+    import reprlib
+
+    bounded = reprlib.Repr()
+    bounded.maxlevel, bounded.maxstring, bounded.maxother = 3, limit, limit
+    bounded.maxdict = bounded.maxlist = bounded.maxtuple = bounded.maxset = 8
+    text = bounded.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

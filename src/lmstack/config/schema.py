@@ -3,13 +3,40 @@ sections. Defaults live here and only here (DESIGN rule 2)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+import typing
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+
+from lmstack.config.errors import did_you_mean
+
+
+def leaf_types(annotation: Any) -> list[Any]:
+    """The plain types a field annotation accepts (through Union / Optional / Annotated)."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return leaf_types(typing.get_args(annotation)[0])
+    if origin is Literal:
+        return []
+    args = typing.get_args(annotation)
+    if args and origin is not None and origin not in (dict, list, tuple):
+        return [t for arg in args for t in leaf_types(arg)]
+    return [annotation]
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """`lora_rank: true` would validate as 1 (bool is an int subclass): refuse it for number fields."""
+        if isinstance(value, bool) and info.field_name in cls.model_fields:
+            leaves = leaf_types(cls.model_fields[info.field_name].annotation)
+            if bool not in leaves and (int in leaves or float in leaves):
+                raise ValueError("a boolean is not a number; write a number")
+        return value
 
 
 class ModelArgs(Section):
@@ -249,6 +276,56 @@ class FinetuningArgs(Section):
     )
 
 
+# optimizers the validator passes without importing transformers (its OptimizerNames list is the rule)
+FAST_OPTIMS = frozenset({"adamw_torch", "adamw_torch_fused", "muon"})
+# `report_to` trackers lmstack has today, and the transformers integrations it does not have yet (issue 22)
+TRACKERS = ("tensorboard",)
+TRACKERS_LATER = tuple(
+    "azure_ml clearml codecarbon comet_ml dagshub dvclive flyte kubeflow mlflow neptune swanlab trackio "
+    "wandb".split()
+)
+
+
+def optim_names() -> list[str]:
+    """transformers' OptimizerNames values plus lmstack's `muon` (torch.optim.Muon)."""
+    from transformers.training_args import OptimizerNames
+
+    return [o.value for o in OptimizerNames] + ["muon"]
+
+
+def normalize_report_to(value: object) -> str:
+    """LF's forms (`wandb`, `wandb,tensorboard`, a YAML list, `none`, `all`) -> "none" or a comma list
+    of the trackers lmstack has; a tracker lmstack lacks is refused by name."""
+    if value is None or value is False:
+        return "none"
+    if isinstance(value, list | tuple):
+        names = [str(v).strip() for v in value]
+    elif isinstance(value, str):
+        names = [v.strip() for v in value.split(",")]
+    else:
+        raise ValueError("expected a tracker name, a comma list or a YAML list of names")
+    names = [n for n in names if n]
+    if not names or names == ["none"]:
+        return "none"
+    if "all" in names:
+        names = list(TRACKERS)  # every tracker lmstack has
+    later = [n for n in names if n in TRACKERS_LATER]
+    if later:
+        raise ValueError(
+            f"{', '.join(later)}: not available yet in lmstack (trackers today: none | all | "
+            f"{' | '.join(TRACKERS)}); remove {'them' if len(later) > 1 else 'it'} or use tensorboard"
+        )
+    allowed = ["none", "all", *TRACKERS]
+    for name in names:
+        if name not in allowed:
+            raise ValueError(
+                f"unknown tracker {name!r}; allowed: {' | '.join(allowed)}{did_you_mean(name, allowed)}"
+            )
+    if "none" in names:
+        raise ValueError("`none` together with a tracker; write `none` alone or the trackers alone")
+    return ",".join(dict.fromkeys(names))
+
+
 class TrainingArgs(Section):
     output_dir: str = Field(description="Where checkpoints, adapters, logs and plots are written (required).")
     overwrite_output_dir: bool = Field(
@@ -263,11 +340,13 @@ class TrainingArgs(Section):
     gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
     learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    adam_beta1: float = Field(0.9, description="AdamW beta1.")
-    adam_beta2: float = Field(0.999, description="AdamW beta2.")
+    adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1, in [0, 1).")
+    adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2, in [0, 1).")
     adam_epsilon: float = Field(1e-8, description="AdamW epsilon.")
     max_grad_norm: float = Field(1.0, description="Gradient clipping norm (0 = off).")
-    optim: str = Field("adamw_torch", description="Optimizer name as transformers knows it.")
+    optim: str = Field(
+        "adamw_torch", description="Optimizer name as transformers knows it (OptimizerNames), or muon."
+    )
     num_train_epochs: float = Field(3.0, gt=0, description="Epochs (ignored when max_steps > 0).")
     max_steps: int = Field(-1, description="Total optimizer steps; overrides num_train_epochs when > 0.")
     lr_scheduler_type: Literal[
@@ -282,6 +361,11 @@ class TrainingArgs(Section):
         "cosine_with_min_lr",
         "warmup_stable_decay",
     ] = Field("linear", description="Learning-rate schedule.")
+    lr_scheduler_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Extra arguments of the schedule (transformers' lr_scheduler_kwargs), e.g. "
+        "{min_lr_rate: 0.1} for cosine_with_min_lr; a JSON string is read as a mapping.",
+    )
     warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Warm-up as a fraction of the total steps.")
     warmup_steps: int = Field(0, ge=0, description="Warm-up steps (wins over warmup_ratio when > 0).")
     bf16: bool = Field(False, description="bf16 mixed precision (CPU autocast on CPU).")
@@ -297,7 +381,7 @@ class TrainingArgs(Section):
         description="Recompute activations in backward: true | false | auto (default: the planner turns it "
         "on only when the run would not fit without; LLaMA-Factory always recomputes).",
     )
-    seed: int = Field(42, description="Random seed for init, data order and dropout.")
+    seed: int = Field(42, ge=0, description="Random seed for init, data order and dropout.")
     logging_steps: int = Field(10, gt=0, description="Log every N optimizer steps.")
     save_strategy: Literal["steps", "epoch", "no"] = Field(
         "steps", description="When checkpoints are written."
@@ -309,7 +393,11 @@ class TrainingArgs(Section):
     save_only_model: bool = Field(False, description="Checkpoints without optimizer/scheduler state.")
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, gt=0, description="Evaluate every N steps.")
-    report_to: Literal["none", "tensorboard"] = Field("none", description="Experiment tracker.")
+    report_to: str = Field(
+        "none",
+        description="Experiment trackers, as LF writes them: a name, a comma list or a YAML list; "
+        "none | all (every tracker lmstack has) | tensorboard.",
+    )
     logging_dir: str | None = Field(None, description="TensorBoard log dir (default output_dir/runs).")
     resume_from_checkpoint: str | None = Field(
         None, description="A checkpoint dir, or 'auto' for the newest one."
@@ -358,6 +446,52 @@ class TrainingArgs(Section):
         if isinstance(value, list | tuple):
             return " ".join(str(v) for v in value)
         return value
+
+    @field_validator("optim")
+    @classmethod
+    def _known_optim(cls, value: str) -> str:
+        if value in FAST_OPTIMS:
+            return value
+        allowed = optim_names()
+        if value not in allowed:
+            raise ValueError(f"allowed: {' | '.join(allowed)}{did_you_mean(value, allowed)}")
+        return value
+
+    @field_validator("lr_scheduler_kwargs", mode="before")
+    @classmethod
+    def _json_kwargs(cls, value: object) -> object:
+        """transformers reads a JSON string (`--lr_scheduler_kwargs '{"min_lr_rate": 0.1}'`) as a dict."""
+        if isinstance(value, str) and value.strip().startswith("{"):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"not valid JSON ({err.msg}); write a mapping like {{min_lr_rate: 0.1}}"
+                ) from None
+        return value
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _trackers(cls, value: object) -> str:
+        return normalize_report_to(value)
+
+    @model_validator(mode="after")
+    def _scheduler_needs_its_kwargs(self) -> TrainingArgs:
+        kwargs = self.lr_scheduler_kwargs or {}
+        floors = [k for k in ("min_lr", "min_lr_rate") if k in kwargs]
+        if self.lr_scheduler_type == "cosine_with_min_lr" and len(floors) != 1:
+            raise ValueError(
+                "lr_scheduler_type: cosine_with_min_lr needs exactly one floor in lr_scheduler_kwargs: "
+                "add `lr_scheduler_kwargs: {min_lr_rate: 0.1}` (a fraction of learning_rate) or "
+                "`lr_scheduler_kwargs: {min_lr: 1.0e-6}`" + (f"; got {kwargs}" if kwargs else "")
+            )
+        if self.lr_scheduler_type == "warmup_stable_decay" and "num_decay_steps" not in kwargs:
+            raise ValueError(
+                "lr_scheduler_type: warmup_stable_decay needs the length of its decay phase: add "
+                "`lr_scheduler_kwargs: {num_decay_steps: N}` (optionally num_stable_steps; lmstack does not "
+                "yet fill LF's default split)"
+            )
+        return self
 
 
 class GeneratingArgs(Section):

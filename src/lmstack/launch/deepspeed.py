@@ -115,6 +115,16 @@ def _auto_paths(obj: Any, prefix: str = "") -> list[str]:
     return [prefix] if obj == "auto" else []
 
 
+def _drop_comments(obj: Any) -> Any:
+    """Keys starting with `_` are comments (`"_comment": "..."`, as LF's own DeepSpeed files write them):
+    dropped at every level, so they are neither refused nor handed to DeepSpeed."""
+    if isinstance(obj, dict):
+        return {k: _drop_comments(v) for k, v in obj.items() if not str(k).startswith("_")}
+    if isinstance(obj, list):
+        return [_drop_comments(v) for v in obj]
+    return obj
+
+
 def _short(name: str) -> str:
     return name.removesuffix(".json").removeprefix("ds_").removesuffix("_config")
 
@@ -159,6 +169,7 @@ def load_deepspeed_config(path: str | Path, field: str = "deepspeed") -> dict:
         ) from None
     if not isinstance(config, dict):
         raise ConfigError(f"{field}: {path} must hold a JSON object, got {type(config).__name__}")
+    config = _drop_comments(config)
     errors, warnings = _unknown_keys("", config, TOP_LEVEL_KEYS)
     zero = config.get("zero_optimization", {})
     if not isinstance(zero, dict):

@@ -314,7 +314,11 @@ def _optimizer(cfg: Config, policy: ValueHeadModel, total: int) -> tuple[Any, An
     )
     warmup = t.warmup_steps if t.warmup_steps > 0 else int(t.warmup_ratio * total)
     return optimizer, get_scheduler(
-        t.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=total
+        t.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=warmup,
+        num_training_steps=total,
+        scheduler_specific_kwargs=t.lr_scheduler_kwargs,
     )
 
 

@@ -38,7 +38,9 @@ def test_missing_required_field():
 
 
 def test_unsupported_lf_field_is_an_error_not_ignored():
-    with pytest.raises(ConfigError, match="use_kt: a LLaMA-Factory field lmstack does not support yet"):
+    with pytest.raises(
+        ConfigError, match=r"use_kt: LLaMA-Factory's `use_kt: true` \(KTransformers .*\) is not avail"
+    ):
         build_config({**BASE, "use_kt": True})
 
 
@@ -75,3 +77,43 @@ def test_secret_is_redacted_in_flat_view():
     cfg = build_config({**BASE, "hf_hub_token": "hf_canary_123"})
     assert cfg.flat()["hf_hub_token"] == "***"
     assert "hf_canary_123" not in repr(cfg)
+
+
+def test_lf_command_line_forms_flags_bare_booleans_and_key_value():
+    """Seed 001's `--key value` form with bare boolean flags, mixed with key=value and --key=value."""
+    flat = parse_overrides(
+        ["--stage", "sft", "--do_train", "--lora_rank", "16", "--lora_target", "q_proj,v_proj",
+         "--learning_rate", "1e-4", "--max_steps", "-1", "--bf16", "--use_kt", "--seed=7", "cutoff_len=64"]
+    )  # fmt: skip
+    assert flat == {
+        "stage": "sft", "do_train": True, "lora_rank": 16, "lora_target": "q_proj,v_proj",
+        "learning_rate": 1e-4, "max_steps": -1, "bf16": True, "use_kt": True, "seed": 7, "cutoff_len": 64,
+    }  # fmt: skip
+    assert parse_overrides(["--bf16", "false", "--do_train", "lora_rank=8"]) == {
+        "bf16": False,
+        "do_train": True,
+        "lora_rank": 8,
+    }
+
+
+def test_a_flag_that_needs_a_value_says_so():
+    with pytest.raises(ConfigError, match=r"--template: missing value; write --template <value>"):
+        parse_overrides(["--template"])
+    with pytest.raises(ConfigError, match=r"--dataset: missing value"):
+        parse_overrides(["--dataset", "--do_train"])
+
+
+def test_text_fields_keep_command_line_text_as_written():
+    flat = parse_overrides(
+        ["--default_system", "Note: be brief", "--model_revision", "2024", "template=null"]
+    )
+    assert flat == {"default_system": "Note: be brief", "model_revision": "2024", "template": None}
+    assert build_config({**BASE, **parse_overrides(["--fsdp", "[full_shard, auto_wrap]"])}).training.fsdp == (
+        "full_shard auto_wrap"
+    )
+
+
+def test_yaml_exponent_without_a_dot_is_a_number_as_in_lf(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name_or_path: m\noutput_dir: o\nlr_scheduler_kwargs: {min_lr: 1e-6}\n")
+    assert load_config(path).training.lr_scheduler_kwargs == {"min_lr": 1e-6}

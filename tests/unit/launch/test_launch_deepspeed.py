@@ -186,6 +186,29 @@ def test_unrelated_unknown_key_is_a_warning_not_an_error(tmp_path, caplog):
     assert "my_site_note: not a DeepSpeed key lmstack knows" in caplog.text
 
 
+def test_underscore_keys_are_comments_ignored_at_every_level(tmp_path, caplog):
+    """LF's own DeepSpeed files carry `"_comment"` keys: neither refused (`_stage` is close to `stage`)
+    nor warned about nor handed to DeepSpeed."""
+    path = _write(
+        tmp_path,
+        {
+            "_comment": "ZeRO-2 for 8 GPUs",
+            "train_micro_batch_size_per_gpu": "auto",
+            "zero_optimization": {
+                "stage": 2,
+                "_stage": "2 saves memory",
+                "offload_optimizer": {"_note": "x"},
+            },
+        },
+    )
+    config = ds.load_deepspeed_config(path)
+    assert config == {
+        "train_micro_batch_size_per_gpu": "auto",
+        "zero_optimization": {"stage": 2, "offload_optimizer": {}},
+    }
+    assert "_comment" not in caplog.text and "_stage" not in caplog.text
+
+
 def test_bad_stage_and_param_offload_below_stage3(tmp_path):
     path = _write(tmp_path, {"zero_optimization": {"stage": 4}})
     with pytest.raises(ConfigError, match=r"zero_optimization.stage: got 4; allowed: 0 \| 1 \| 2 \| 3"):
