@@ -85,6 +85,15 @@ def test_oft_trains_rotations_only_saves_and_reloads(base_cfg, tiny_model, spy):
     assert not torch.allclose(trained, logits(base_model(tiny_model)), atol=1e-3)  # the rotations moved
 
 
+def test_oft_in_dpo_trains_and_saves_an_oft_adapter(base_cfg):
+    cfg = {**base_cfg, "stage": "dpo", "dataset": "dpo_en_demo", "finetuning_type": "oft", "max_samples": 8}
+    train(None, {**cfg, "per_device_train_batch_size": 2, "max_steps": 2, "learning_rate": 1e-3})
+    out = Path(cfg["output_dir"])
+    assert json.loads((out / "adapter_config.json").read_text())["peft_type"] == "OFT"
+    weights = load_file(out / "adapter_model.safetensors")
+    assert weights and all(".oft_" in k for k in weights) and any(v.abs().sum() > 0 for v in weights.values())
+
+
 def test_oft_rank_instead_of_block_size_and_the_plan_treats_oft_as_an_adapter(base_cfg):
     from lmstack.plan.from_config import request_from_plan
     from lmstack.plan.whatif import gpu_context

@@ -159,6 +159,9 @@ def _predict(cfg: Config, model: Any, tokenizer: Any, template: Any) -> dict:
     if not rows:
         logger.warning("do_predict: the evaluation data has no example; nothing to predict")
         return {}
+    from transformers import set_seed
+
+    set_seed(cfg.training.seed)  # sampling (the default) draws the same answers on every run
     batch = cfg.training.per_device_eval_batch_size
     started = time.time()
     generated = generate(
