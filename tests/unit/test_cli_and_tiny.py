@@ -83,7 +83,7 @@ def test_cli_error_is_one_line_naming_the_field(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == (
-        "error: finetuning_type: got 'lroa'; allowed: lora | freeze | full (did you mean 'lora'?)"
+        "error: finetuning_type: got 'lroa'; allowed: lora | oft | freeze | full (did you mean 'lora'?)"
     )
     assert "Traceback" not in proc.stderr
 

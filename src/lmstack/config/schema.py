@@ -131,7 +131,7 @@ class FinetuningArgs(Section):
         description="Training stage: pt | sft | rm (reward model) | dpo (also orpo/simpo via pref_loss) | kto | "
         "ppo | grpo / rloo (online REINFORCE family with a reward model or reward_funcs).",
     )
-    finetuning_type: Literal["lora", "freeze", "full"] = Field("lora", description="What is trained.")
+    finetuning_type: Literal["lora", "oft", "freeze", "full"] = Field("lora", description="What is trained.")
     lora_rank: int = Field(8, gt=0, description="LoRA rank r.")
     lora_alpha: int | None = Field(None, gt=0, description="LoRA alpha (default 2 x lora_rank).")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input.")
@@ -161,6 +161,39 @@ class FinetuningArgs(Section):
     create_new_adapter: bool = Field(
         False, description="Merge every adapter_name_or_path adapter and train a new one on top."
     )
+    oft_rank: int = Field(
+        0,
+        ge=0,
+        description="OFT: blocks per layer (PEFT's r); 0 lets oft_block_size decide (set one of the two).",
+    )
+    oft_block_size: int = Field(
+        32, ge=0, description="OFT: size of each orthogonal block; 0 lets oft_rank decide."
+    )
+    oft_target: str = Field(
+        "all", description="OFT: 'all' (every linear layer but the head) or comma-separated names."
+    )
+    module_dropout: float = Field(
+        0.0, ge=0, lt=1, description="OFT: probability of replacing a block's rotation by the identity."
+    )
+    use_llama_pro: bool = Field(
+        False,
+        description="LLaMA-Pro: train only the expanded blocks (every N/freeze_trainable_layers-th layer of a "
+        "block-expanded model); freeze or lora/oft.",
+    )
+    use_adam_mini: bool = Field(
+        False, description="Adam-mini: one second-moment value per head/neuron block (full/freeze only)."
+    )
+    use_dft_loss: bool = Field(
+        False, description="sft: DFT loss, token CE scaled by the (detached) probability of the target token."
+    )
+    use_eaft_loss: bool = Field(
+        False, description="sft: EAFT loss, token CE scaled by a power of the top-20 entropy (divided by 3)."
+    )
+    eaft_alpha: float = Field(1.0, description="sft, use_eaft_loss: exponent of the entropy weight.")
+    use_asft_loss: bool = Field(
+        False, description="sft: ASFT loss, DFT loss plus asft_alpha x KL(reference || model) per token."
+    )
+    asft_alpha: float = Field(0.1, description="sft, use_asft_loss: weight of the KL term.")
     use_galore: bool = Field(False, description="GaLore: low-rank projected gradients (full/freeze only).")
     galore_target: str = Field("all", description="GaLore: 'all' linear layers or comma-separated names.")
     galore_rank: int = Field(16, gt=0, description="GaLore: projection rank.")
@@ -393,6 +426,20 @@ class TrainingArgs(Section):
     save_only_model: bool = Field(False, description="Checkpoints without optimizer/scheduler state.")
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, gt=0, description="Evaluate every N steps.")
+    do_predict: bool = Field(
+        False, description="sft: generate for the eval data after training (or alone with do_train: false)."
+    )
+    predict_with_generate: bool = Field(
+        False,
+        description="sft, do_predict: write generated_predictions.jsonl and the predict_bleu-4 / predict_rouge-* "
+        "metrics (needs the `metrics` extra).",
+    )
+    run_name: str | None = Field(None, description="Run name handed to the Trainer and its trackers.")
+    gradient_checkpointing_kwargs: dict | None = Field(
+        None,
+        description="Keyword arguments of torch.utils.checkpoint (e.g. {use_reentrant: false}, which wins over "
+        "use_reentrant_gc); only with gradient checkpointing on.",
+    )
     report_to: str = Field(
         "none",
         description="Experiment trackers, as LF writes them: a name, a comma list or a YAML list; "

@@ -1,4 +1,6 @@
-"""What is trained: full | freeze | lora (PEFT)."""
+"""What is trained: full | freeze | lora | oft (PEFT). `use_llama_pro` narrows freeze/lora/oft to the
+expanded blocks of a block-expanded (LLaMA-Pro) model: with N layers and k = freeze_trainable_layers,
+layers k'-1, 2k'-1, ..., N-1 with k' = N / k (LLaMA-Factory's layout: one new block after every group)."""
 
 from __future__ import annotations
 
@@ -50,20 +52,57 @@ def log_trainable(model: Any) -> None:
     )
 
 
-def _lora_targets(cfg: Config, model: Any) -> list[str]:
-    if cfg.finetuning.lora_target.strip() == "all":
+def num_layers(model: Any) -> int:
+    config = getattr(model.config, "text_config", None) or model.config
+    return getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", 0)
+
+
+def llama_pro_layers(n_layers: int, k: int) -> list[int]:
+    """The expanded blocks of a LLaMA-Pro model: every (N / k)-th layer, the last one included."""
+    if k <= 0 or n_layers % k:
+        raise ConfigError(
+            f"freeze_trainable_layers: got {k} with use_llama_pro; it is the number of expanded blocks and "
+            f"must divide the model's {n_layers} layers (e.g. {', '.join(map(str, _divisors(n_layers)))})"
+        )
+    stride = n_layers // k
+    return list(range(stride - 1, n_layers, stride))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _adapter_targets(cfg: Config, model: Any, field: str) -> list[str]:
+    """The modules a PEFT adapter wraps: leaf names from `field` (lora_target | oft_target), or with
+    use_llama_pro the full names of those modules inside the expanded blocks only."""
+    value = getattr(cfg.finetuning, field)
+    if value.strip() == "all":
         targets = find_all_linear_modules(model)
         logger.info("Found linear modules: %s", ",".join(targets))
+    else:
+        targets = [t.strip() for t in value.split(",") if t.strip()]
+        leaves = {name.split(".")[-1] for name, _ in model.named_modules()}
+        missing = [t for t in targets if t not in leaves]
+        if missing:
+            raise ConfigError(
+                f"{field}: {', '.join(missing)} not found in the model; linear layers are: "
+                f"{', '.join(find_all_linear_modules(model))} (or use `all`)"
+            )
+    if not cfg.finetuning.use_llama_pro:
         return targets
-    targets = [t.strip() for t in cfg.finetuning.lora_target.split(",") if t.strip()]
-    leaves = {name.split(".")[-1] for name, _ in model.named_modules()}
-    missing = [t for t in targets if t not in leaves]
-    if missing:
-        raise ConfigError(
-            f"lora_target: {', '.join(missing)} not found in the model; linear layers are: "
-            f"{', '.join(find_all_linear_modules(model))} (or use `all`)"
-        )
-    return targets
+    layers = set(llama_pro_layers(num_layers(model), cfg.finetuning.freeze_trainable_layers))
+    chosen = []
+    for name, _ in model.named_modules():
+        match = LAYER_RE.search(name + ".")
+        if match and int(match.group(1)) in layers and name.split(".")[-1] in targets:
+            chosen.append(name)
+    logger.info("LLaMA-Pro: adapters on the expanded layers %s", ",".join(map(str, sorted(layers))))
+    return chosen
+
+
+def _modules_to_save(cfg: Config) -> list[str] | None:
+    extra = cfg.finetuning.additional_target
+    return [m.strip() for m in extra.split(",") if m.strip()] if extra else None
 
 
 def apply_lora(cfg: Config, model: Any, is_trainable: bool = True) -> Any:
@@ -85,13 +124,29 @@ def apply_lora(cfg: Config, model: Any, is_trainable: bool = True) -> Any:
         r=ft.lora_rank,
         lora_alpha=ft.lora_alpha or 2 * ft.lora_rank,
         lora_dropout=ft.lora_dropout,
-        target_modules=_lora_targets(cfg, model),
+        target_modules=_adapter_targets(cfg, model, "lora_target"),
         use_rslora=ft.use_rslora,
         use_dora=ft.use_dora,
         init_lora_weights=_init_lora_weights(cfg),
-        modules_to_save=[m.strip() for m in ft.additional_target.split(",")]
-        if ft.additional_target
-        else None,
+        modules_to_save=_modules_to_save(cfg),
+    )
+    return get_peft_model(model, config)
+
+
+def apply_oft(cfg: Config, model: Any) -> Any:
+    """PEFT's OFT: each targeted linear layer's input is rotated block-wise by a learned orthogonal
+    matrix (identity at the start, so the model starts as the base); one of oft_rank (blocks) and
+    oft_block_size (block width) is set, PEFT derives the other from the layer width."""
+    from peft import OFTConfig, get_peft_model
+
+    ft = cfg.finetuning
+    config = OFTConfig(
+        task_type="CAUSAL_LM",
+        r=ft.oft_rank,
+        oft_block_size=ft.oft_block_size,
+        module_dropout=ft.module_dropout,
+        target_modules=_adapter_targets(cfg, model, "oft_target"),
+        modules_to_save=_modules_to_save(cfg),
     )
     return get_peft_model(model, config)
 
@@ -107,14 +162,17 @@ def _init_lora_weights(cfg: Config) -> bool | str:
 
 def apply_freeze(cfg: Config, model: Any) -> Any:
     ft = cfg.finetuning
-    n_layers = model.config.num_hidden_layers
+    n_layers = num_layers(model)
     k = ft.freeze_trainable_layers
-    if k == 0 or abs(k) > n_layers:
+    if ft.use_llama_pro:
+        layer_ids = set(llama_pro_layers(n_layers, k))
+    elif k == 0 or abs(k) > n_layers:
         raise ConfigError(
             f"freeze_trainable_layers: got {k}; use 1..{n_layers} (last N layers) or "
             f"-{n_layers}..-1 (first N layers)"
         )
-    layer_ids = set(range(n_layers - k, n_layers)) if k > 0 else set(range(-k))
+    else:
+        layer_ids = set(range(n_layers - k, n_layers)) if k > 0 else set(range(-k))
     modules = (
         None
         if ft.freeze_trainable_modules.strip() == "all"
@@ -128,7 +186,11 @@ def apply_freeze(cfg: Config, model: Any) -> Any:
         param.requires_grad = (in_layer and module_ok) or any(
             name.startswith(e + ".") or f".{e}." in name for e in extra
         )
-    logger.info("Fine-tuning method: Freeze (trainable layers: %s)", ",".join(map(str, sorted(layer_ids))))
+    logger.info(
+        "Fine-tuning method: Freeze%s (trainable layers: %s)",
+        " + LLaMA-Pro" if ft.use_llama_pro else "",
+        ",".join(map(str, sorted(layer_ids))),
+    )
     return model
 
 
@@ -163,6 +225,9 @@ def setup_finetuning(cfg: Config, model: Any, lora_kernel: str = "peft") -> Any:
             logger.info("LoRA adapters kept in bf16 like the frozen base")
         if lora_kernel == "fused":
             fuse_lora_layers(cfg, model)
+    elif kind == "oft":
+        logger.info("Fine-tuning method: OFT")
+        model = apply_oft(cfg, model)
     elif kind == "freeze":
         model = apply_freeze(cfg, model)
     else:

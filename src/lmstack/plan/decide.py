@@ -62,7 +62,7 @@ def precision(
     keep_half = (
         ft.pure_bf16
         or ft.use_badam  # BAdam keeps weights in half precision, fp32 copies of one block only
-        or (ft.finetuning_type == "lora" and dev == "cuda")
+        or (ft.finetuning_type in ("lora", "oft") and dev == "cuda")  # adapters: the frozen base stays half
         or masters == "optimizer"
     )
     load = compute if keep_half else "fp32"
@@ -97,8 +97,8 @@ def master_weight_blockers(cfg: Config, spec: StageSpec, zero_stage: int | None,
         (fsdp, "no FSDP (FSDP's MixedPrecision keeps its own fp32 master weights)"),
         (cfg.model.quantization_bit is not None, "no quantization_bit"),
         (
-            ft.use_galore or ft.use_apollo or ft.use_badam or ft.use_muon,
-            "the default AdamW optimizer (not GaLore/APOLLO/BAdam/Muon)",
+            ft.use_galore or ft.use_apollo or ft.use_badam or ft.use_muon or ft.use_adam_mini,
+            "the default AdamW optimizer (not GaLore/APOLLO/BAdam/Muon/Adam-mini)",
         ),
         (t.gradient_accumulation_steps != 1, "gradient_accumulation_steps: 1"),
         (t.optim not in ("adamw_torch", "adamw_torch_fused"), "optim: adamw_torch or adamw_torch_fused"),
@@ -238,10 +238,18 @@ def _model_type(cfg: Config) -> str | None:
         return AutoConfig.from_pretrained(cfg.model.model_name_or_path).model_type
 
 
-def loss_kernel(spec: StageSpec, use_liger: bool, zero_stage: int | None) -> Reasoned:
+LOGIT_LOSSES = ("use_dft_loss", "use_eaft_loss", "use_asft_loss")  # token weights from the whole distribution
+
+
+def loss_kernel(
+    spec: StageSpec, use_liger: bool, zero_stage: int | None, cfg: Config | None = None
+) -> Reasoned:
     """liger | chunked | none: how the training loss is computed."""
     if not spec.fused_ce:
         return "none", f"stage {spec.name} needs the logits (its loss is not a plain token CE)"
+    custom = [name for name in LOGIT_LOSSES if cfg is not None and getattr(cfg.finetuning, name)]
+    if custom:
+        return "none", f"{custom[0]} needs the logits (train/losses.py reweights each token's CE)"
     if use_liger:
         return "liger", "Liger's fused linear cross-entropy (no [tokens x vocab] logits)"
     if zero_stage == 3:

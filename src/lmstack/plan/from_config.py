@@ -31,6 +31,25 @@ def _optimizer(cfg: Config) -> str:
     return "muon" if ft.use_muon or cfg.training.optim == "muon" else "adamw"
 
 
+def _adapter_setup(cfg: Config) -> tuple[str, int, str]:
+    """(finetuning_type, rank, target) as the memory model sees them: OFT is an adapter method like LoRA;
+    its rotation blocks hold in x (b - 1) / 2 parameters per linear layer (b = oft_block_size), about
+    what a LoRA of rank (b - 1) / 4 holds on a square layer (rank x (in + out))."""
+    ft = cfg.finetuning
+    if ft.finetuning_type != "oft":
+        return ft.finetuning_type, ft.lora_rank, ft.lora_target
+    if ft.oft_block_size:
+        return "lora", max(1, round((ft.oft_block_size - 1) / 4)), ft.oft_target
+    return "lora", max(1, ft.oft_rank), ft.oft_target  # r blocks: in x (in / r - 1) / 2, taken as rank r
+
+
+def _logit_loss(cfg: Config) -> bool:
+    """A custom token loss (DFT/EAFT/ASFT) is on: the logits are materialised whatever ZeRO stage."""
+    from lmstack.plan.decide import LOGIT_LOSSES
+
+    return any(getattr(cfg.finetuning, name) for name in LOGIT_LOSSES)
+
+
 def request_from_plan(
     plan: RunPlan,
     gpus: int,
@@ -45,16 +64,17 @@ def request_from_plan(
     t, ft = cfg.training, cfg.finetuning
     ds = plan.deepspeed
     mixed = plan.precision.autocast is not None
+    kind, rank, target = _adapter_setup(cfg)
     fp32_weights = (
-        ft.finetuning_type != "lora" and ds is None and plan.fsdp is None and mixed
+        kind != "lora" and ds is None and plan.fsdp is None and mixed
         and plan.precision.master_weights == "model" and plan.precision.load == "fp32"
     )  # fmt: skip
     gc_auto = t.gradient_checkpointing == "auto" and not cfg.model.disable_gradient_checkpointing
     return PlanRequest(
         spec=spec,
-        finetuning_type=ft.finetuning_type,
-        lora_rank=ft.lora_rank,
-        lora_target=ft.lora_target,
+        finetuning_type=kind,
+        lora_rank=rank,
+        lora_target=target,
         quantization_bit=cfg.model.quantization_bit,
         seq_len=plan.row_capacity or cfg.data.cutoff_len,
         micro_batch=None if (search or t.per_device_train_batch_size == "auto") else plan.micro_batch,
@@ -62,10 +82,11 @@ def request_from_plan(
         gradient_checkpointing=None if (search or gc_auto) else plan.checkpointing,
         attention=_attention(plan),
         packing=plan.packing,
-        fused_ce=plan.loss_kernel != "none" or (plan.stage.fused_ce and t.deepspeed == "auto"),
+        fused_ce=plan.loss_kernel != "none"
+        or (plan.stage.fused_ce and t.deepspeed == "auto" and not _logit_loss(cfg)),
         liger=plan.liger,
         fp32_model_weights=fp32_weights,
-        fp32_adapters=ft.finetuning_type == "lora" and plan.precision.compute == "fp32",
+        fp32_adapters=kind == "lora" and plan.precision.compute == "fp32",
         num_gpus=gpus * nodes,
         gpu_memory_gib=gpu_memory_gib,
         nodes=nodes,

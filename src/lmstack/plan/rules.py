@@ -138,7 +138,61 @@ def upcast_layernorm(plan: RunPlan) -> str | None:
     return None
 
 
+CHECKPOINT_KEYS = ("use_reentrant", "preserve_rng_state", "determinism_check", "debug", "early_stop")
+NON_REENTRANT_KEYS = ("determinism_check", "debug", "early_stop")
+
+
+def checkpointing_kwargs(plan: RunPlan) -> str | None:
+    kwargs = plan.cfg.training.gradient_checkpointing_kwargs
+    if not kwargs:
+        return None
+    unknown = [k for k in kwargs if k not in CHECKPOINT_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"gradient_checkpointing_kwargs: unknown key {unknown[0]!r}; torch.utils.checkpoint takes "
+            f"{' | '.join(CHECKPOINT_KEYS)}"
+        )
+    reentrant = kwargs.get("use_reentrant", plan.cfg.model.use_reentrant_gc)
+    needs_new = [k for k in kwargs if k in NON_REENTRANT_KEYS]
+    if reentrant and needs_new:
+        raise ConfigError(
+            f"gradient_checkpointing_kwargs: {needs_new[0]} works with non-reentrant checkpointing only; "
+            "add use_reentrant: false to gradient_checkpointing_kwargs"
+        )
+    if not plan.checkpointing:
+        return (
+            f"gradient_checkpointing_kwargs: has no effect, this run does not recompute activations "
+            f"({plan.reasons.get('checkpointing', 'checkpointing off')})"
+        )
+    return None
+
+
+def sharded_generation(plan: RunPlan) -> str | None:
+    t = plan.cfg.training
+    if t.do_predict and t.predict_with_generate and plan.sharded:
+        raise ConfigError(
+            "predict_with_generate: generation needs the whole model in each process, and ZeRO-3 / FSDP "
+            "shard it (LLaMA-Factory refuses ZeRO-3 too); predict in a run without deepspeed ZeRO-3 / fsdp"
+        )
+    return None
+
+
+def sharded_asft_reference(plan: RunPlan) -> str | None:
+    ft = plan.cfg.finetuning
+    separate = ft.ref_model is not None or ft.finetuning_type in ("full", "freeze")
+    if ft.use_asft_loss and separate and plan.sharded:
+        raise ConfigError(
+            "use_asft_loss: its frozen reference model (ref_model, or the copy full/freeze tuning needs) is not "
+            "sharded by lmstack under ZeRO-3 / FSDP yet; use finetuning_type: lora without ref_model (the "
+            "adapter-off base is the reference) or ZeRO-2"
+        )
+    return None
+
+
 RULES: list[Rule] = [
+    checkpointing_kwargs,
+    sharded_generation,
+    sharded_asft_reference,
     padding_in_the_loss,
     upcast_layernorm,
     unsloth_unavailable,

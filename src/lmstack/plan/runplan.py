@@ -237,7 +237,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     zero = None if ds is None else ds.zero_stage
     prec = decide.precision(cfg, ctx, dev, spec, zero, fsdp is not None)
     reasons["precision"] = prec.reason
-    kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero)
+    kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero, cfg)
     lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero)
     ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
     micro = t.per_device_train_batch_size

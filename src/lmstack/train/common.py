@@ -31,6 +31,8 @@ OWN_OUTPUTS = (
     "value_head.safetensors",  # rm / ppo
     "training_rewards_accuracies.png",  # dpo
     "training_rewards_chosen.png",  # kto
+    "generated_predictions.jsonl",  # sft do_predict
+    "predict_results.json",
     CONFIG_FILE,
 )
 
@@ -132,6 +134,7 @@ def training_arguments(plan: RunPlan) -> Any:
         include_num_input_tokens_seen="non_padding",
         logging_nan_inf_filter=False,  # a NaN/Inf loss is logged as such (on_nonfinite decides what happens)
         train_sampling_strategy="sequential" if cfg.finetuning.disable_shuffling else "random",
+        run_name=t.run_name,  # trackers' run name (LF passes it through)
     )
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     if "warmup_ratio" in fields:  # transformers < 5.x had a separate ratio field
@@ -147,20 +150,26 @@ def training_arguments(plan: RunPlan) -> Any:
     return TrainingArguments(**{k: v for k, v in kwargs.items() if k in fields})
 
 
+def checkpoint_kwargs(cfg: Config) -> dict:
+    """torch.utils.checkpoint's keyword arguments: use_reentrant_gc, overridden by the keys of
+    gradient_checkpointing_kwargs (as LLaMA-Factory hands that dict to transformers)."""
+    return {"use_reentrant": cfg.model.use_reentrant_gc, **(cfg.training.gradient_checkpointing_kwargs or {})}
+
+
 def enable_gradient_checkpointing(plan: RunPlan, model: Any) -> None:
     """Recompute activations in backward when the plan says so (auto already resolved there)."""
     if not plan.checkpointing:
         return
     cfg = plan.cfg
     # transformers >= 5.2x renamed it activation_checkpointing_enable; older 5.x only has the old name
-    kwargs = {"use_reentrant": cfg.model.use_reentrant_gc}
+    kwargs = checkpoint_kwargs(cfg)
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if cfg.finetuning.finetuning_type != "full":
         model.enable_input_require_grads()  # frozen embeddings: reentrant checkpoints need a grad-requiring input
-    logger.info("gradient checkpointing enabled")
+    logger.info("gradient checkpointing enabled (%s)", ", ".join(f"{k}={v}" for k, v in kwargs.items()))
 
 
 def tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
@@ -179,10 +188,12 @@ def build_trainer(
     plan: RunPlan, model: Any, tokenizer: Any, train: Any, evals: Any, collator: Any, args: Any
 ) -> Any:
     """transformers.Trainer made reliable (staged checkpoints + manifest, SIGTERM save, on_nonfinite),
-    with lmstack's callbacks and the method optimizer (LoRA+, GaLore, APOLLO, BAdam, Muon) if any."""
+    with lmstack's callbacks, the method optimizer (LoRA+, GaLore, APOLLO, BAdam, Muon, Adam-mini) and
+    the custom token loss (DFT, EAFT, ASFT with its reference model) if any."""
     from transformers import Trainer
 
     from lmstack.reliability.trainer import reliable
+    from lmstack.train import losses
     from lmstack.train.master_weights import with_master_weights
     from lmstack.train.metrics import accuracy_trainer_kwargs
     from lmstack.train.optimizers import create_optimizer, method_callbacks
@@ -191,6 +202,8 @@ def build_trainer(
     trainer_cls = reliable(Trainer)
     if plan.precision.master_weights == "optimizer":  # bf16 model, fp32 masters in the optimizer
         trainer_cls = with_master_weights(trainer_cls)
+    if losses.active_loss(cfg) == "use_asft_loss":  # the reference logits of every batch
+        trainer_cls = losses.with_reference_logits(trainer_cls, losses.asft_reference(plan, tokenizer))
     return trainer_cls(
         lmstack_cfg=cfg,
         lmstack_plan=plan.to_dict(),
@@ -202,6 +215,7 @@ def build_trainer(
         processing_class=tokenizer,
         callbacks=make_callbacks(cfg) + method_callbacks(cfg),
         optimizers=(create_optimizer(cfg, model, args), None),  # None: the Trainer builds it from `optim`
+        compute_loss_func=losses.compute_loss_func(cfg),  # None: the model's own cross-entropy
         **accuracy_trainer_kwargs(cfg.finetuning.compute_accuracy),  # eval_accuracy (LF's compute_accuracy)
     )
 

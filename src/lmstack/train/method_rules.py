@@ -11,15 +11,31 @@ from lmstack.config.stages import stage_spec, stages_where
 
 logger = logging.getLogger(__name__)
 
-MEMORY_OPTIMIZERS = ("use_galore", "use_apollo", "use_badam", "use_muon")
+MEMORY_OPTIMIZERS = ("use_galore", "use_apollo", "use_badam", "use_muon", "use_adam_mini")
 ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused")
-PACKAGES = {"use_galore": "galore-torch", "use_apollo": "apollo-torch", "use_badam": "badam"}
+PACKAGES = {
+    "use_galore": "galore-torch",
+    "use_apollo": "apollo-torch",
+    "use_badam": "badam",
+    "use_adam_mini": "adam-mini",
+}
+MODULES = {
+    "use_galore": "galore_torch",
+    "use_apollo": "apollo_torch",
+    "use_badam": "badam",
+    "use_adam_mini": "adam_mini",
+}
+ADAPTER_TYPES = ("lora", "oft")
+OFT_DEFAULTS = {"oft_rank": 0, "oft_block_size": 32, "oft_target": "all", "module_dropout": 0.0}
+LOSSES = ("use_dft_loss", "use_eaft_loss", "use_asft_loss")
+METRIC_MODULES = {"jieba": "jieba", "nltk": "nltk", "rouge_chinese": "rouge-chinese"}
 
 
 def check_methods(cfg: Config, world_size: int, zero_stage: int | None) -> None:
     """Combination rules for LoRA variants and memory-saving optimizers; errors name both fields.
     `cfg` is the run plan's config (`optim: muon` already read as use_muon), the rest the plan's facts."""
     ft, t = cfg.finetuning, cfg.training
+    check_lf_features(cfg)
     if t.optim.startswith("muon"):
         raise ConfigError(f"optim: got {t.optim!r}; lmstack's Muon is `optim: muon` (torch.optim.Muon)")
     on = [name for name in MEMORY_OPTIMIZERS if getattr(ft, name)]
@@ -59,9 +75,9 @@ def check_methods(cfg: Config, world_size: int, zero_stage: int | None) -> None:
         return
     name = on[0]
     _check_installed(name)
-    if ft.finetuning_type == "lora":
+    if ft.finetuning_type in ADAPTER_TYPES:
         raise ConfigError(
-            f"{name}: a full-parameter optimizer, not for finetuning_type: lora; "
+            f"{name}: a full-parameter optimizer, not for finetuning_type: {ft.finetuning_type}; "
             "set finetuning_type: full (or freeze) or remove it"
         )
     if ft.loraplus_lr_ratio is not None:
@@ -104,9 +120,120 @@ def _eight_bit(name: str) -> tuple[str, ...]:
 def _check_installed(name: str) -> None:
     import importlib.util
 
-    module = {"use_galore": "galore_torch", "use_apollo": "apollo_torch", "use_badam": "badam"}.get(name)
+    module = MODULES.get(name)
     if module and importlib.util.find_spec(module) is None:
         raise ConfigError(f"{name}: needs the `{PACKAGES[name]}` package; pip install 'lmstack[optim]'")
+
+
+def check_lf_features(cfg: Config) -> None:
+    """OFT, LLaMA-Pro, the DFT/EAFT/ASFT losses and generation for do_predict (LLaMA-Factory's rules)."""
+    _check_oft(cfg)
+    _check_llama_pro(cfg)
+    _check_losses(cfg)
+    _check_predict(cfg)
+
+
+def _check_oft(cfg: Config) -> None:
+    ft = cfg.finetuning
+    if ft.finetuning_type != "oft":
+        for name, default in OFT_DEFAULTS.items():
+            if getattr(ft, name) != default:
+                logger.warning(
+                    "%s: has no effect with finetuning_type: %s (OFT only)", name, ft.finetuning_type
+                )
+        return
+    if bool(ft.oft_rank) == bool(ft.oft_block_size):
+        raise ConfigError(
+            f"oft_rank: {ft.oft_rank} and oft_block_size: {ft.oft_block_size}: PEFT's OFT takes exactly one of "
+            "them (blocks x block size = the layer width); e.g. oft_block_size: 32 with oft_rank: 0, or "
+            "oft_rank: 8 with oft_block_size: 0"
+        )
+    if ft.lora_target.strip() != "all":
+        raise ConfigError(
+            f"lora_target: {ft.lora_target!r} with finetuning_type: oft; lmstack's OFT wraps oft_target "
+            f"(LLaMA-Factory reads lora_target for OFT); set oft_target: {ft.lora_target} and remove lora_target"
+        )
+
+
+def _check_llama_pro(cfg: Config) -> None:
+    ft = cfg.finetuning
+    if not ft.use_llama_pro:
+        return
+    if ft.finetuning_type == "full":
+        raise ConfigError(
+            "use_llama_pro: trains only the expanded blocks, so it is for finetuning_type: freeze, lora or oft, "
+            "not full; set finetuning_type: freeze (or remove use_llama_pro)"
+        )
+    layers, k = _config_layers(cfg), ft.freeze_trainable_layers
+    if layers is not None:
+        from lmstack.models.adapters import llama_pro_layers
+
+        llama_pro_layers(layers, k)  # raises unless k divides the layer count, naming the divisors
+    elif k <= 0:
+        raise ConfigError(
+            f"freeze_trainable_layers: got {k} with use_llama_pro; it is the number of expanded blocks, "
+            "a positive divisor of the model's layer count"
+        )
+
+
+def _config_layers(cfg: Config) -> int | None:
+    """num_hidden_layers from the model's config.json (None when it cannot be read here)."""
+    import json
+    from pathlib import Path
+
+    try:
+        config = json.loads((Path(cfg.model.model_name_or_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    config = config.get("text_config") or config
+    return config.get("num_hidden_layers") or config.get("num_layers")
+
+
+def _check_losses(cfg: Config) -> None:
+    ft = cfg.finetuning
+    on = [name for name in LOSSES if getattr(ft, name)]
+    if len(on) > 1:
+        raise ConfigError(f"{on[0]} and {on[1]}: one token loss at a time; remove one")
+    if on and ft.stage != "sft":
+        raise ConfigError(f"{on[0]}: a stage sft loss, not available for stage: {ft.stage}; remove it")
+    if ft.eaft_alpha != 1.0 and not ft.use_eaft_loss:
+        logger.warning("eaft_alpha: has no effect without use_eaft_loss: true")
+    if ft.asft_alpha != 0.1 and not ft.use_asft_loss:
+        logger.warning("asft_alpha: has no effect without use_asft_loss: true")
+
+
+def _check_predict(cfg: Config) -> None:
+    ft, t, d = cfg.finetuning, cfg.training, cfg.data
+    if t.predict_with_generate and ft.stage != "sft":
+        raise ConfigError(f"predict_with_generate: only for stage: sft (got {ft.stage}); remove it")
+    if t.do_predict and ft.stage != "sft":
+        raise ConfigError(f"do_predict: lmstack predicts for stage: sft only (got {ft.stage}); remove it")
+    if t.predict_with_generate and ft.compute_accuracy:
+        raise ConfigError("predict_with_generate and compute_accuracy: use one of them (as in LLaMA-Factory)")
+    if t.predict_with_generate and (t.do_eval or t.eval_strategy != "no"):
+        raise ConfigError(
+            "predict_with_generate with evaluation (do_eval / eval_strategy): lmstack generates for do_predict "
+            "only and evaluates by eval_loss; remove predict_with_generate from the evaluation run, or set "
+            "do_eval: false and eval_strategy: no"
+        )
+    if t.predict_with_generate and not t.do_predict:
+        logger.warning("predict_with_generate: has no effect without do_predict: true")
+    if not t.do_predict:
+        return
+    if not t.predict_with_generate:
+        raise ConfigError(
+            "do_predict: stage sft predicts by generating; set predict_with_generate: true (as LLaMA-Factory asks)"
+        )
+    if not d.eval_dataset and not (d.val_size > 0 and d.dataset):
+        raise ConfigError("do_predict: needs eval_dataset (or dataset with val_size > 0) to generate for")
+    import importlib.util
+
+    missing = [pkg for module, pkg in METRIC_MODULES.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ConfigError(
+            f"predict_with_generate: LLaMA-Factory's BLEU-4 / ROUGE metrics need {', '.join(missing)}; "
+            "pip install 'lmstack[metrics]'"
+        )
 
 
 def _check_badam(cfg: Config, distributed: bool, zero_stage: int | None) -> None:

@@ -1,10 +1,11 @@
 """Optimizers the Trainer does not build from `optim` alone: LoRA+ learning-rate groups, GaLore,
-APOLLO, BAdam and Muon (seed 003 §10.9-10.11), and the Trainer callbacks some of them need.
+APOLLO, BAdam, Adam-mini and Muon (seed 003 §10.9-10.11), and the Trainer callbacks some of them need.
 
 The rules on combining them live in `method_rules.py` (run in preflight).
 `create_optimizer(cfg, model, args)` returns the optimizer for `Trainer(optimizers=(opt, None))`, or
 None when the Trainer's own `optim` handling is enough. The Trainer builds the LR schedule on top.
-Published implementations do the maths: peft (LoRA+), galore-torch, apollo-torch, badam, torch.optim.Muon.
+Published implementations do the maths: peft (LoRA+), galore-torch, apollo-torch, badam, adam-mini,
+torch.optim.Muon.
 """
 
 from __future__ import annotations
@@ -28,9 +29,34 @@ def create_optimizer(cfg: Config, model: Any, args: Any) -> Any:
         return _low_rank(cfg, model, "galore" if ft.use_galore else "apollo")
     if ft.use_badam:
         return _badam(cfg, model, args)
+    if ft.use_adam_mini:
+        return _adam_mini(cfg, model)
     if ft.use_muon:
         return _muon(cfg, model)
     return None
+
+
+def _adam_mini(cfg: Config, model: Any) -> Any:
+    """Adam-mini (the `adam-mini` package, as LLaMA-Factory builds it): Adam's first moment per weight,
+    one second-moment value per block: a head for q/k, an output neuron for v/o/MLP, a token row for the
+    embedding and head; the model's hidden size and head counts tell it where the heads are."""
+    from adam_mini import Adam_mini
+
+    t = cfg.training
+    config = getattr(model.config, "text_config", None) or model.config
+    optimizer = Adam_mini(
+        named_parameters=model.named_parameters(),
+        lr=t.learning_rate,
+        betas=(t.adam_beta1, t.adam_beta2),
+        eps=t.adam_epsilon,
+        weight_decay=t.weight_decay,
+        dim=config.hidden_size,
+        n_heads=config.num_attention_heads,
+        n_kv_heads=getattr(config, "num_key_value_heads", None),
+        verbose=False,
+    )
+    logger.info("Adam-mini: %d parameter blocks", len(optimizer.param_groups))
+    return optimizer
 
 
 def _adam_kwargs(cfg: Config) -> dict:

@@ -1,4 +1,5 @@
-"""Stage sft: supervised fine-tuning. tokenizer -> template -> data -> model -> adapter -> train -> save."""
+"""Stage sft: supervised fine-tuning. tokenizer -> template -> data -> model -> adapter -> train -> save
+(-> predict with do_predict; do_train: false with do_predict only predicts)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ from lmstack.models.adapters import setup_finetuning
 from lmstack.models.kernels import apply_training_kernels
 from lmstack.models.load import load_model
 from lmstack.plan.runplan import RunPlan
-from lmstack.train import common
+from lmstack.train import common, predict
 from lmstack.train.collators import PackedCollator
 from lmstack.train.stage_data import stage_datasets
 
 
 def run(plan: RunPlan) -> dict:
     cfg = plan.cfg
+    if not cfg.training.do_train and cfg.training.do_predict:  # prediction alone (LF's nlg_eval example)
+        return predict.run_predict_only(plan)
     resume = common.start_run(plan)
 
     tokenizer, template = common.tokenizer_and_template(cfg)
@@ -36,4 +39,7 @@ def run(plan: RunPlan) -> dict:
     model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
 
     trainer = common.build_trainer(plan, model, tokenizer, train_set, eval_set, collator, args)
-    return common.train_and_save(plan, trainer, resume)
+    metrics = common.train_and_save(plan, trainer, resume)
+    if cfg.training.do_predict:  # generated_predictions.jsonl + predict_results.json
+        metrics.update(predict.predict(plan, trainer.model, tokenizer, template))
+    return metrics

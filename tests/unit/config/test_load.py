@@ -22,7 +22,7 @@ def test_bad_enum_names_field_value_allowed_and_suggestion():
     with pytest.raises(ConfigError) as err:
         build_config({**BASE, "finetuning_type": "lroa"})
     msg = str(err.value)
-    assert "finetuning_type: got 'lroa'; allowed: lora | freeze | full (did you mean 'lora'?)" == msg
+    assert "finetuning_type: got 'lroa'; allowed: lora | oft | freeze | full (did you mean 'lora'?)" == msg
 
 
 def test_wrong_type_names_field_and_value():
