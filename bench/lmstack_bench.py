@@ -446,7 +446,7 @@ def main() -> None:
     a.add_argument(
         "--set",
         default="default",
-        choices=["default", "small", "full05", "big", "lmstack", "smoke", "compile"],
+        choices=["default", "small", "full05", "big", "lmstack", "smoke", "compile", "tuned05", "tuned7"],
     )
     a.add_argument("--budget", type=float, default=540, help="seconds for all runs together")
     a.add_argument("--run-id", default=None)
