@@ -110,7 +110,7 @@ class DataArgs(Section):
     buffer_size: int = Field(16384, gt=0, description="Streaming: records in the shuffle buffer.")
     tokenized_path: str | None = Field(
         None,
-        description="Save the tokenized data here on the first run; later runs load it (data fields ignored).",
+        description="Save the tokenized data here on the first run; later runs load it (other data refused).",
     )
     packing: bool | None = Field(
         None, description="Pack samples into cutoff_len rows (no cross-sample attention)."

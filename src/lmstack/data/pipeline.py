@@ -256,10 +256,12 @@ def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:
         if cfg.data.eval_dataset:
             evals, _ = load_split(cfg, cfg.data.eval_dataset, "eval_dataset", tokenizer, template, mix=False)
         return DataBundle(stream, evals if evals is not None and len(evals) else None, stream.stats)
+    saved_key = None
     if cfg.data.tokenized_path:
         from lmstack.data import saved
 
-        hit = saved.load_saved(cfg.data.tokenized_path)
+        saved_key = saved.saved_key(cfg, tokenizer, template)  # saved data from other inputs is refused
+        hit = saved.load_saved(cfg.data.tokenized_path, saved_key)
         if hit is not None:
             return DataBundle(hit[0], hit[1], [DatasetStats.from_dict(d) for d in hit[2]])
     train, stats = load_split(cfg, cfg.data.dataset, "dataset", tokenizer, template)
@@ -283,7 +285,7 @@ def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:
     if cfg.data.tokenized_path and _is_main_process():
         from lmstack.data import saved
 
-        saved.save(cfg.data.tokenized_path, train, evals, [st.to_dict() for st in stats])
+        saved.save(cfg.data.tokenized_path, train, evals, [st.to_dict() for st in stats], saved_key)
     return DataBundle(train, evals, stats)
 
 

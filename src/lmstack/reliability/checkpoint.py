@@ -28,6 +28,11 @@ def checkpoint_step(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def is_staging(path: Path) -> bool:
+    """A folder left by a save (`.checkpoint-N.staging|replaced|deleting`): lmstack's, never resumed."""
+    return path.is_dir() and bool(_STAGING.match(path.name))
+
+
 def staging_root(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / f".checkpoint-{step}.staging"
 
@@ -125,13 +130,24 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: checkpoint_step(p) or 0, reverse=True)
 
 
-def select_resume_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest checkpoint that verifies (sizes and sha256); logs each skipped one and why."""
+def read_manifest(folder: Path) -> dict | None:
+    """The manifest.json of an lmstack checkpoint (None: absent, unreadable or another format)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
+
+
+def select_resume_checkpoint(output_dir: str | Path, deep: bool = True, quiet: bool = False) -> Path | None:
+    """The newest checkpoint that verifies (sizes, and sha256 when `deep`); logs each skipped one and
+    why (unless `quiet`)."""
     for folder in list_checkpoints(output_dir):
-        reason = verify_checkpoint(folder, deep=True)
+        reason = verify_checkpoint(folder, deep=deep)
         if reason is None:
             return folder
-        logger.warning("resume: skipping %s: %s", folder, reason)
+        if not quiet:
+            logger.warning("resume: skipping %s: %s", folder, reason)
     return None
 
 
@@ -141,7 +157,7 @@ def clean_staging(output_dir: str | Path) -> list[Path]:
     removed = []
     if out.is_dir():
         for path in out.iterdir():
-            if path.is_dir() and _STAGING.match(path.name):
+            if is_staging(path):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
                 logger.warning("removed %s, left by a save that did not finish", path)

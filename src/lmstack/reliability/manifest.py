@@ -1,8 +1,14 @@
 """run_manifest.json in output_dir: what ran (resolved config, secrets redacted), with which code
-(package versions, lmstack git commit), on which data (file sha256) and which hardware."""
+(package versions, lmstack git commit), on which data (file sha256; with `tokenized_path`, the key of
+the saved tokenized data that was actually trained) and which hardware.
+
+`run_identity(cfg, decisions)`: the resolved run (config with secrets redacted, the run plan's
+decisions, the data files' sha256) and its hash; every checkpoint's manifest.json stores it, so a
+resume can list what changed (see output_dir.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -63,24 +69,84 @@ def hardware() -> dict[str, Any]:
     return info
 
 
-def data_files(cfg: Config) -> dict[str, dict[str, Any]]:
+_SHA256: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, for data files
+
+
+def data_sha256(path: Path) -> str:
+    """sha256 of a data file, hashed once per process while its size and mtime stay the same (the run
+    manifest, the resume check and every checkpoint's run identity all need it)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA256:
+        _SHA256[key] = sha256_file(path)
+    return _SHA256[key]
+
+
+def _dataset_files(cfg: Config) -> list[tuple[str, Any, list[Path]]]:
+    """(field, attr, files) of every dataset of `dataset` and `eval_dataset` (files: [] for the hub)."""
     from lmstack.data.registry import get_dataset_attrs
 
-    files: dict[str, dict[str, Any]] = {}
+    out = []
     for names, field in ((cfg.data.dataset, "dataset"), (cfg.data.eval_dataset, "eval_dataset")):
         for attr in get_dataset_attrs(names, cfg.data.dataset_dir, field):
-            if attr.load_from != "file":
-                files[attr.name] = {"hub": attr.source}
-                continue
             root = Path(attr.source)
-            paths = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-            for path in paths:
-                files[str(path)] = {
-                    "dataset": attr.name,
-                    "size": path.stat().st_size,
-                    "sha256": sha256_file(path),
-                }
+            if attr.load_from != "file":
+                paths: list[Path] = []
+            elif root.is_dir():
+                paths = sorted(p for p in root.rglob("*") if p.is_file())
+            else:
+                paths = [root]
+            out.append((field, attr, paths))
+    return out
+
+
+def data_files(cfg: Config) -> dict[str, dict[str, Any]]:
+    files: dict[str, dict[str, Any]] = {}
+    for _, attr, paths in _dataset_files(cfg):
+        if attr.load_from != "file":
+            files[attr.name] = {"hub": attr.source}
+        for path in paths:
+            files[str(path)] = {
+                "dataset": attr.name,
+                "size": path.stat().st_size,
+                "sha256": data_sha256(path),
+            }
     return files
+
+
+def data_digests(cfg: Config) -> dict[str, str]:
+    """`<field>:<dataset>/<file inside it>` -> sha256 (hub datasets: their repo, subset and split).
+    Keyed by dataset name, not by path: the same data moved to another dataset_dir is the same data."""
+    out: dict[str, str] = {}
+    for field, attr, paths in _dataset_files(cfg):
+        if attr.load_from != "file":
+            out[f"{field}:{attr.name}"] = f"hub {attr.source} subset={attr.subset} split={attr.split}"
+        root = Path(attr.source)
+        for path in paths:
+            inside = path.relative_to(root).as_posix() if root.is_dir() else path.name
+            out[f"{field}:{attr.name}/{inside}"] = data_sha256(path)
+    return out
+
+
+def run_identity(cfg: Config, decisions: dict | None) -> dict[str, Any]:
+    """{"run": {config, decisions, data}, "run_hash": sha256 of it}: what a checkpoint was trained
+    with. JSON-normalised, so what is stored is exactly what a resume compares."""
+    run = {"config": cfg.flat(redact=True), "decisions": decisions, "data": data_digests(cfg)}
+    run = json.loads(json.dumps(run, sort_keys=True, default=str))
+    return {"run": run, "run_hash": identity_hash(run)}
+
+
+def identity_hash(run: dict) -> str:
+    return hashlib.sha256(json.dumps(run, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def tokenized_data(cfg: Config) -> dict[str, Any] | None:
+    """With tokenized_path: the folder and the key of the tokenized data there (what was trained)."""
+    if not cfg.data.tokenized_path:
+        return None
+    from lmstack.data.saved import saved_key_of
+
+    return {"path": cfg.data.tokenized_path, "key": saved_key_of(cfg.data.tokenized_path)}
 
 
 def build_run_manifest(
@@ -97,6 +163,7 @@ def build_run_manifest(
         "versions": versions(),
         "lmstack_git_commit": git_commit(),
         "data_files": data_files(cfg),
+        "tokenized_data": tokenized_data(cfg),  # tokenized_path: the saved data that was trained
         "hardware": hardware(),
         "world_size": world,
         "plan": plan,  # RunPlan.to_dict(): every derived decision and its reason

@@ -6,7 +6,10 @@
   unchanged; the scheduler still advances) within `nonfinite_skip_budget`; NaN stays visible in logs;
 - refusal, with a clear message, of checkpoint files that are not plain tensors (torch.load is
   weights_only in transformers; a pickle that needs code fails instead of running);
-- run_manifest.json written when training starts.
+- run_manifest.json written when training starts; every checkpoint's manifest.json records the resolved
+  run (manifest.run_identity) so a resume can refuse changed settings (output_dir.py);
+- never a step past max_steps: resumed from the last step (the final outputs were not all written),
+  it trains nothing and the final outputs are written from that checkpoint.
 """
 
 from __future__ import annotations
@@ -32,7 +35,12 @@ from lmstack.models.adapter_save import (
     save_fsdp_adapter,
 )
 from lmstack.reliability import NonFiniteLoss, TrainingStopped
-from lmstack.reliability.checkpoint import commit_checkpoint, rotate_checkpoints, staging_root
+from lmstack.reliability.checkpoint import (
+    checkpoint_step,
+    commit_checkpoint,
+    rotate_checkpoints,
+    staging_root,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +93,20 @@ def _all_ranks_max(values: list[float], device: Any) -> list[float]:
     return tensor.tolist()
 
 
+def _follow_cadence(args: Any, state: Any) -> None:
+    """A resume loads the checkpoint's trainer state, which holds that run's logging/eval/save steps
+    (the Trainer would keep them): this run's values apply (a safe change, see output_dir.py)."""
+    state.compute_steps(args, state.max_steps)
+
+
 def _make_callback(trainer: Any) -> Any:
     from transformers import TrainerCallback
 
     class Reliability(TrainerCallback):
         """Once per optimizer step, all ranks agree on (stop signal, non-finite loss)."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            _follow_cadence(args, state)
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             trainer._lm_guard_optimizer()
@@ -134,21 +151,34 @@ class ReliableMixin:
         self._lm_stop_signal = 0
         self._lm_stop_step = 0
         self._lm_staging: Path | None = None
+        self._lm_run: dict | None = None  # manifest.run_identity, stored in every checkpoint's manifest
         self.add_callback(_make_callback(self))
 
     # ---- train: signals + run manifest ----------------------------------------------------------
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
         if self.args.should_save:
-            from lmstack.reliability.manifest import write_run_manifest
+            from lmstack.reliability.manifest import run_identity, write_run_manifest
 
             write_run_manifest(self._lm_cfg, resumed_from=resume_from_checkpoint, plan=self._lm_plan)
+            self._lm_run = run_identity(self._lm_cfg, (self._lm_plan or {}).get("decisions"))
+        resumed_step = None
         if isinstance(resume_from_checkpoint, str):
             self._lm_check_layout(Path(resume_from_checkpoint))
+            resumed_step = checkpoint_step(Path(resume_from_checkpoint))
+            self._lm_refuse_step_past_end(resumed_step)
         self._lm_signals.install()
         try:
             result = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             self._lm_signals.restore()
+        if resumed_step is not None and self.state.global_step == resumed_step:
+            logger.warning(
+                "resume: %s is the run's last step: no step trained; the final outputs are written from it "
+                "(the first attempt was stopped while writing them; its train metrics were not saved, so "
+                "train_results.json has no train_loss)",
+                resume_from_checkpoint,
+            )
+            result = result._replace(metrics={k: v for k, v in result.metrics.items() if k != "train_loss"})
         if self._lm_stop_signal and self.state.global_step < self.state.max_steps:
             name = signal.Signals(self._lm_stop_signal).name
             where = Path(self.args.output_dir) / f"checkpoint-{self._lm_stop_step}"
@@ -158,6 +188,26 @@ class ReliableMixin:
                 exit_code=128 + self._lm_stop_signal,
             )
         return result
+
+    def _lm_finishes_from_checkpoint(self) -> bool:
+        """The base trainer has the per-epoch hook that `_run_epoch` guards (transformers 5.x)."""
+        return callable(getattr(super(), "_run_epoch", None))
+
+    def _lm_refuse_step_past_end(self, step: int | None) -> None:
+        if step is None or self.args.max_steps <= 0 or step < self.args.max_steps:
+            return
+        if not self._lm_finishes_from_checkpoint():
+            raise LmstackError(
+                f"resume_from_checkpoint: checkpoint-{step} is the run's last step (max_steps "
+                f"{self.args.max_steps}) and this transformers version would train one more step; resume "
+                "from an earlier checkpoint-N, or raise max_steps"
+            )
+
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        if 0 < self.state.max_steps <= self.state.global_step:  # resumed from the last step
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)
 
     def _lm_check_layout(self, checkpoint: Path) -> None:
         """Restores the skip count; warns when the process count differs from the checkpoint's."""
@@ -275,6 +325,8 @@ class ReliableMixin:
                 "stage": self._lm_cfg.finetuning.stage,
                 "finetuning_type": self._lm_cfg.finetuning.finetuning_type,
                 "nonfinite_skipped_steps": self._lm_skipped,  # the skip budget carries over a resume
+                "outputs_from_checkpoint": self._lm_finishes_from_checkpoint(),  # see _run_epoch
+                **(self._lm_run or {}),  # run + run_hash: a resume refuses changed settings
             }
             final = commit_checkpoint(root / f"checkpoint-{step}", out / f"checkpoint-{step}", meta)
             shutil.rmtree(root, ignore_errors=True)
@@ -323,21 +375,30 @@ def reliable(base: type) -> type:
     return type(f"Reliable{base.__name__}", (ReliableMixin, base), {"__module__": __name__})
 
 
-def manifest_callback() -> Any:
+def manifest_callback(cfg: Config | None = None) -> Any:
     """For trainers not wrapped by `reliable` (no staging): the manifest is still written last, after
-    every rank has saved, so resume never picks a half-written checkpoint."""
+    every rank has saved, so resume never picks a half-written checkpoint. With `cfg`, it records the
+    run (config and data; these trainers get no plan) so a resume can refuse changed settings."""
     from transformers import TrainerCallback
 
     from lmstack.reliability.checkpoint import MANIFEST, write_manifest
+    from lmstack.reliability.manifest import run_identity
 
     class CheckpointManifest(TrainerCallback):
+        run: dict | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            _follow_cadence(args, state)
+
         def on_save(self, args, state, control, **kwargs):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if not folder.is_dir() or (folder / MANIFEST).is_file():
                 return  # `reliable` trainers commit with the manifest already
             barrier()
             if state.is_world_process_zero:
-                write_manifest(folder, {"step": state.global_step, "epoch": state.epoch})
+                if cfg is not None and self.run is None:
+                    self.run = run_identity(cfg, None)
+                write_manifest(folder, {"step": state.global_step, "epoch": state.epoch, **(self.run or {})})
                 logger.info("checkpoint complete: %s", folder)
             barrier()
 

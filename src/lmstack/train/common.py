@@ -5,85 +5,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from lmstack.config.errors import ConfigError
 from lmstack.config.load import save_config
 from lmstack.config.schema import Config
 from lmstack.plan.runplan import RunPlan
+from lmstack.reliability.output_dir import CONFIG_FILE, LOG_FILE, OWN_OUTPUTS  # noqa: F401 (stages use them)
+from lmstack.reliability.output_dir import prepare as prepare_output_dir
 
 logger = logging.getLogger(__name__)
-CONFIG_FILE = "lmstack_config.yaml"
-LOG_FILE = "trainer_log.jsonl"
-OWN_OUTPUTS = (
-    "trainer_log.jsonl",
-    "trainer_state.json",
-    "train_results.json",
-    "eval_results.json",
-    "all_results.json",
-    "training_loss.png",
-    "training_eval_loss.png",
-    "training_eval_accuracy.png",  # compute_accuracy (sft, pt); rm
-    "run_manifest.json",
-    "value_head.safetensors",  # rm / ppo
-    "training_rewards_accuracies.png",  # dpo
-    "training_rewards_chosen.png",  # kto
-    "generated_predictions.jsonl",  # sft do_predict
-    "predict_results.json",
-    CONFIG_FILE,
-)
 
 
 def start_run(plan: RunPlan) -> str | None:
-    """Every stage's first step: the output dir; returns the checkpoint to resume from (or None)."""
-    return prepare_output_dir(plan.cfg, plan.is_main)
-
-
-def last_checkpoint(output_dir: Path) -> Path | None:
-    ckpts = [p for p in output_dir.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
-    return max(ckpts, key=lambda p: int(p.name.split("-")[-1])) if ckpts else None
-
-
-def prepare_output_dir(cfg: Config, is_main: bool = True) -> str | None:
-    """Returns the checkpoint to resume from (or None). Refuses to mix runs silently."""
-    from lmstack.reliability.checkpoint import clean_staging, select_resume_checkpoint, verify_checkpoint
-
-    out = Path(cfg.training.output_dir)
-    resume = cfg.training.resume_from_checkpoint
-    if is_main:
-        clean_staging(out)  # folders of saves killed midway
-    if resume == "auto":
-        found = select_resume_checkpoint(out)  # newest with a valid manifest; skipped ones are logged
-        logger.info(
-            "resume_from_checkpoint: auto -> %s", found or "no complete checkpoint found, starting fresh"
-        )
-        return str(found) if found else None
-    if resume is not None:
-        if not Path(resume).is_dir():
-            raise ConfigError(
-                f"resume_from_checkpoint: {resume} is not a directory; give a checkpoint-N folder or `auto`"
-            )
-        reason = verify_checkpoint(Path(resume))
-        if reason:
-            raise ConfigError(
-                f"resume_from_checkpoint: {resume} is not a complete checkpoint: {reason}; "
-                "give another checkpoint-N folder or `auto` (the newest complete one)"
-            )
-        return resume
-    if out.is_dir() and any(p.name != "data_report.json" for p in out.iterdir()):  # `lmstack check` writes it
-        if not cfg.training.overwrite_output_dir:
-            raise ConfigError(
-                f"output_dir: {out} already exists and is not empty; set overwrite_output_dir: true "
-                "to replace it, or resume_from_checkpoint: auto to continue the run"
-            )
-        for ckpt in [*out.glob("checkpoint-*"), *out.glob(".checkpoint-*")]:
-            shutil.rmtree(ckpt, ignore_errors=True)
-        for name in OWN_OUTPUTS:
-            (out / name).unlink(missing_ok=True)
-    return None
+    """Every stage's first step: the output dir; returns the checkpoint to resume from (or None).
+    What may be found, deleted and resumed there: lmstack.reliability.output_dir."""
+    return prepare_output_dir(plan)
 
 
 def training_arguments(plan: RunPlan) -> Any:
@@ -306,7 +244,8 @@ def make_callbacks(cfg: Config) -> list:
 
     from lmstack.reliability.trainer import manifest_callback
 
-    return [LogCallback(), SaveLastStep(), manifest_callback()]  # manifest: only where `reliable` is not used
+    # manifest: only where `reliable` is not used; with the config, so it records the run
+    return [LogCallback(), SaveLastStep(), manifest_callback(cfg)]
 
 
 def _hms(seconds: float) -> str:

@@ -77,7 +77,14 @@ def _accuracy(plan: RunPlan) -> None:
         )
 
 
+def _output_dir(plan: RunPlan) -> None:
+    from lmstack.reliability.output_dir import check_paths
+
+    check_paths(plan)  # never the model, an adapter or the data (nor inside / around one of them)
+
+
 CHECKS: list[Callable[[RunPlan], None]] = [
+    _output_dir,
     _model,
     _template,
     _datasets,

@@ -30,6 +30,11 @@ def plan_run(cfg: Config, ctx: LaunchContext | None = None, launch: bool = True)
 def train(config_path: str | None, overrides: list[str] | dict | None = None) -> dict:
     cfg = load_config(config_path, overrides)
     plan, notes = plan_run(cfg)
+    from lmstack.reliability.output_dir import finished_run
+
+    done = finished_run(plan)  # a resume of a run that already reached its last step: nothing to do
+    if done is not None:
+        return done
     from lmstack.launch import prepare
     from lmstack.train import STAGES
     from lmstack.train.stage_data import tokenize_on_main_first

@@ -188,22 +188,21 @@ def test_worker_pool_gives_the_same_samples_and_problem_positions(make_cfg, tiny
     assert s1.to_dict() == s2.to_dict() and sum(s2.dropped.values()) == 50
 
 
-def test_tokenized_path_saves_then_loads_ignoring_data_fields(
+def test_tokenized_path_saves_then_loads_only_for_the_same_inputs(
     tmp_path, make_cfg, tiny_tokenizer, qwen, caplog
 ):
     import logging
 
     path = tmp_path / "tok"
-    first = build_datasets(
-        make_cfg(dataset="identity", val_size=4, tokenized_path=str(path)), tiny_tokenizer, qwen
-    )
+    same = make_cfg(dataset="identity", val_size=4, tokenized_path=str(path))
+    first = build_datasets(same, tiny_tokenizer, qwen)
     assert (path / "COMPLETE").is_file() and not list(tmp_path.glob(".tok.tmp-*"))
     with caplog.at_level(logging.INFO, logger="lmstack.data"):
-        again = build_datasets(
-            make_cfg(dataset="alpaca_en_demo", tokenized_path=str(path)), tiny_tokenizer, qwen
-        )
+        again = build_datasets(same, tiny_tokenizer, qwen)
     assert again.train.to_samples() == first.train.to_samples() and len(again.eval) == 4
-    assert "dataset, template, cutoff_len and the other data fields are ignored" in caplog.text
+    assert f"loaded {len(first.train)} training samples and 4 eval samples from {path}" in caplog.text
+    with pytest.raises(DataError, match=r"from other inputs .*datasets: 'identity' -> 'alpaca_en_demo'"):
+        build_datasets(make_cfg(dataset="alpaca_en_demo", tokenized_path=str(path)), tiny_tokenizer, qwen)
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "train").mkdir()
