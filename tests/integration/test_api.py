@@ -1,5 +1,6 @@
 """`lmstack api` started as a real server on a free loopback port, driven by the official `openai`
-client (models, completion, streamed completion) and by plain httpx (auth and bad requests)."""
+client (models, completion, streamed completion) and by plain httpx (auth, bad requests, limits,
+dropped clients, the queue bound)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 import yaml
 
@@ -70,6 +73,16 @@ def server(api_cfg, tmp_path_factory):
     url, proc = start_api(
         tmp_path_factory.mktemp("api"), api_cfg, "--api-key", KEY, "--model-name", "tiny-qwen"
     )
+    yield url, proc
+    stop_api(proc)
+
+
+@pytest.fixture(scope="module")
+def limited(api_cfg, tmp_path_factory):
+    """A server whose requests may ask up to 4000 tokens, prompts of up to 40000 tokens (more than the
+    model's 4096: the context check applies after tokenizing), and 10 requests waiting at most."""
+    limits = ("--max-queue", "10", "--max-tokens-limit", "4000", "--max-prompt-tokens", "40000")
+    url, proc = start_api(tmp_path_factory.mktemp("limited"), api_cfg, *limits)
     yield url, proc
     stop_api(proc)
 
@@ -182,6 +195,14 @@ GOOD = {"model": "m", "messages": HELLO}
         ({**GOOD, "stop": ["a"] * 5}, 400, "stop: give up to 4 non-empty strings"),
         ({**GOOD, "stop": ""}, 400, "stop: give up to 4 non-empty strings"),
         ({**GOOD, "messages": [{"role": "user", "content": "x" * (1 << 20)}]}, 413, "too large"),
+        (
+            {**GOOD, "messages": [{"role": "user", "content": "x" * 300_000}]},
+            400,
+            "the prompt has 300000 characters; this server allows at most 8192 tokens "
+            "(lmstack api --max-prompt-tokens)",
+        ),
+        (b"[" * 100_000, 400, "request body is not valid JSON: nested too deeply"),
+        (b"\xff\xfe{}", 400, "not valid JSON"),
     ],
 )
 def test_bad_requests_get_4xx_json_errors(server, body, status, message):
@@ -211,10 +232,106 @@ def test_api_key_from_the_environment_satisfies_the_bind_check(api_cfg, tmp_path
     path = Path(tmp_path / "api.yaml")
     path.write_text(yaml.safe_dump({**api_cfg, "model_name_or_path": str(tmp_path / "missing")}))
     cmd = [sys.executable, "-m", "lmstack.cli.main", "api", str(path), "--host", "0.0.0.0", "--port", "0"]
-    result = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, "API_KEY": "k"}, timeout=120)
+    env = {**ENV, "API_KEY": "k" * 16}
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 2
     assert "API key is required" not in result.stderr  # got past the bind check ...
     assert "model_name_or_path: directory not found" in result.stderr  # ... to the model check
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--host", "0.0.0.0", "--api-key", "short-key"], "--api-key: the key has 9 characters; on 0.0.0.0"),
+        (["--max-queue", "-1"], "--max-queue: got -1; give an integer of at least 0"),
+        (["--max-tokens-limit", "0"], "--max-tokens-limit: got 0; give an integer of at least 1"),
+    ],
+)
+def test_a_short_key_or_a_bad_limit_refuses_to_start_before_the_model_loads(api_cfg, tmp_path, args, message):
+    path = Path(tmp_path / "api.yaml")
+    path.write_text(yaml.safe_dump({**api_cfg, "model_name_or_path": str(tmp_path / "missing")}))
+    cmd = [sys.executable, "-m", "lmstack.cli.main", "api", str(path), "--port", "0", *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=120)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "short-key" not in result.stderr and "model_name_or_path" not in result.stderr
+
+
+def drop(url: str, payload: dict, after: float) -> None:
+    """Posts `payload` and disconnects after `after` seconds (plain: read timeout; stream: mid-way)."""
+    deadline = time.monotonic() + after
+    try:
+        with httpx.stream("POST", f"{url}/chat/completions", json=payload, timeout=after) as r:
+            for _ in r.iter_bytes():
+                if time.monotonic() > deadline:
+                    break
+    except httpx.TimeoutException:
+        pass
+
+
+def in_threads(target, *args_list) -> list[threading.Thread]:
+    threads = [threading.Thread(target=target, args=args) for args in args_list]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def cpu_seconds(proc: subprocess.Popen) -> float:
+    times = psutil.Process(proc.pid).cpu_times()
+    return times.user + times.system
+
+
+LONG = {"model": "m", "messages": HELLO, "max_tokens": 4000}  # seconds of work for the tiny model
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_dropped_clients_stop_generating_and_do_not_delay_the_next_request(limited, stream):
+    url, proc = limited
+    for thread in in_threads(drop, *[(url, {**LONG, "stream": stream}, 0.5)] * 2):  # one runs, one waits
+        thread.join()
+    time.sleep(1.0)  # a cancelled generation stops at its next token
+    before = cpu_seconds(proc)
+    time.sleep(1.5)
+    busy = cpu_seconds(proc) - before
+    assert busy < 0.3, f"the server used {busy:.2f} CPU seconds in 1.5 s after its clients left"
+    start = time.monotonic()
+    reply = httpx.post(f"{url}/chat/completions", json={**GOOD, "max_tokens": 4}, timeout=60)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
+    assert time.monotonic() - start < 5
+
+
+def test_past_max_queue_the_api_answers_503_with_retry_after(limited):
+    url, _ = limited
+    threads = in_threads(drop, *[(url, LONG, 4.0)] * 11)  # one generates, ten wait
+    time.sleep(1.0)
+    reply = httpx.post(f"{url}/chat/completions", json={**GOOD, "max_tokens": 1}, timeout=10)
+    for thread in threads:
+        thread.join()
+    assert reply.status_code == 503, reply.text
+    assert int(reply.headers["Retry-After"]) >= 1
+    error = reply.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "queue_full")
+    assert "at most 10 may wait behind the one generating (lmstack api --max-queue)" in error["message"]
+    answer = httpx.post(f"{url}/chat/completions", json={**GOOD, "max_tokens": 1}, timeout=60)
+    assert answer.status_code == 200  # the dropped ones left the queue
+
+
+def test_models_answers_while_big_prompts_are_tokenized(limited):
+    url, _ = limited
+    big = {**GOOD, "messages": [{"role": "user", "content": "hello world " * 80_000}]}  # 960 kB
+    replies: list[httpx.Response] = []
+    threads = in_threads(
+        lambda: replies.append(httpx.post(f"{url}/chat/completions", json=big, timeout=120)), *[()] * 10
+    )
+    stalls = []
+    while any(thread.is_alive() for thread in threads):  # /v1/models polled while they are handled
+        start = time.monotonic()
+        assert httpx.get(f"{url}/models", timeout=60).status_code == 200
+        stalls.append(time.monotonic() - start)
+        time.sleep(0.05)
+    assert max(stalls) < 1.0, f"/v1/models took up to {max(stalls):.2f} s while prompts were tokenized"
+    assert [r.status_code for r in replies] == [400] * 10
+    assert "this server allows at most 40000 (lmstack api --max-prompt-tokens)" in replies[0].text
 
 
 def test_api_on_a_lora_training_yaml_serves_the_adapter_in_output_dir_under_its_name(base_cfg, tmp_path):

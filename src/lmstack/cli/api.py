@@ -1,5 +1,6 @@
-"""`lmstack api cfg.yaml [key=value ...] [--host H] [--port P] [--api-key K]`: an OpenAI-compatible
-server (FastAPI + uvicorn) for the model (+ adapters) with the training template."""
+"""`lmstack api cfg.yaml [key=value ...] [--host H] [--port P] [--api-key K] [limits]`: an
+OpenAI-compatible server (FastAPI + uvicorn) for the model (+ adapters) with the training template.
+Limits: `--max-queue`, `--max-prompt-tokens`, `--max-tokens-limit` (see `lmstack.infer.server`)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,31 @@ from pathlib import Path
 
 def cmd_api(args: argparse.Namespace) -> int:
     from lmstack.infer.engine import ChatEngine, adapter_dirs, load_infer_config
-    from lmstack.infer.server import check_bind, serve
+    from lmstack.infer.server import Limits, check_bind, serve
 
     api_key = args.api_key or os.environ.get("API_KEY") or None
     check_bind(args.host, api_key)  # before the model loads
+    limits = Limits(args.max_queue, args.max_prompt_tokens, args.max_tokens_limit)
+    limits.check()
     cfg = load_infer_config(args.config, args.overrides)
     name = args.model_name or Path((adapter_dirs(cfg) or [cfg.model.model_name_or_path])[-1]).name
     engine = ChatEngine.from_config(cfg)
-    serve(engine, args.host, args.port, api_key, name)
+    serve(engine, args.host, args.port, api_key, name, limits)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from lmstack.infer.server import MIN_KEY_CHARS, Limits
+
     p = sub.add_parser(
         "api",
         help="serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions)",
         description=(
             "OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions (stream or not). Binds "
-            "127.0.0.1 by default; any other address needs an API key (--api-key or API_KEY). "
-            "max_new_tokens in the YAML is the default and the upper bound of a request's max_tokens."
+            "127.0.0.1 by default; any other address needs an API key of at least "
+            f"{MIN_KEY_CHARS} characters (--api-key or API_KEY). max_new_tokens in the YAML is the "
+            "default of a request's max_tokens. One generation runs at a time; a client that "
+            "disconnects stops its generation."
         ),
     )
     p.add_argument(
@@ -42,5 +49,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: env API_KEY)")
     p.add_argument(
         "--model-name", help="model id reported by /v1/models (default: the model/adapter folder name)"
+    )
+    defaults = Limits()
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=defaults.max_queue,
+        help="requests that may wait behind the one generating; more get HTTP 503 with Retry-After "
+        f"(default {defaults.max_queue})",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=defaults.max_prompt_tokens,
+        help="longest prompt in tokens, chat template included; longer ones get HTTP 400 (default "
+        f"{defaults.max_prompt_tokens}; the model's context is a bound too)",
+    )
+    p.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        help="largest max_tokens a request may ask for; more gets HTTP 400 (default: max_new_tokens "
+        "of the YAML)",
     )
     p.set_defaults(func=cmd_api)

@@ -5,7 +5,9 @@
 `adapter_name_or_path` is merged into it in order, and prompts are encoded with the training template
 (`template`, `default_system`, `enable_thinking`, `preserve_thinking`), so inference sees exactly the
 ids training saw. Generation stops at the template's stop tokens (plus the model's own EOS ids); the
-stop token is never part of the returned text. One generation runs at a time (`ChatEngine.lock`).
+stop token is never part of the returned text. One generation runs at a time (`ChatEngine.lock`);
+a `cancel` event set from another thread (the API server does so when its client disconnects) stops a
+generation at its next token.
 """
 
 from __future__ import annotations
@@ -223,30 +225,69 @@ class ChatEngine:
         reason = "length" if not stopped and len(new) >= kwargs["max_new_tokens"] else "stop"
         return Generation(text, prompt_len, len(new), reason)
 
-    def generate(self, messages: list[dict], system: str | None = None, **overrides: Any) -> Generation:
+    def generate(
+        self,
+        messages: list[dict],
+        system: str | None = None,
+        cancel: threading.Event | None = None,
+        **overrides: Any,
+    ) -> Generation:
+        return self.generate_ids(self.prompt_ids(messages, system), cancel, **overrides)
+
+    def generate_ids(
+        self, ids: list[int], cancel: threading.Event | None = None, **overrides: Any
+    ) -> Generation:
+        """Generates from prompt ids; setting `cancel` (from any thread) stops at the next token."""
         import torch
 
-        ids = self.prompt_ids(messages, system)
         kwargs = self.generate_kwargs(**overrides)
         with self.lock, torch.inference_mode():
-            output = self.model.generate(**self._inputs(ids), **kwargs)
+            output = self.model.generate(
+                **self._inputs(ids), **kwargs, stopping_criteria=stop_when_set(cancel)
+            )
         return self._finish(len(ids), output, kwargs)
 
-    def stream(self, messages: list[dict], system: str | None = None, **overrides: Any) -> Stream:
+    def stream(
+        self,
+        messages: list[dict],
+        system: str | None = None,
+        cancel: threading.Event | None = None,
+        **overrides: Any,
+    ) -> Stream:
         """Starts generating in a thread (waiting for the lock first); iterate the result for text."""
-        ids = self.prompt_ids(messages, system)
-        return Stream(self, ids, self.generate_kwargs(**overrides))
+        return self.stream_ids(self.prompt_ids(messages, system), cancel, **overrides)
+
+    def stream_ids(self, ids: list[int], cancel: threading.Event | None = None, **overrides: Any) -> Stream:
+        """`stream` from prompt ids; setting `cancel` (or `Stream.close`) stops at the next token."""
+        return Stream(self, ids, self.generate_kwargs(**overrides), cancel)
+
+
+def stop_when_set(*events: threading.Event | None) -> Any:
+    """Stopping criteria for `generate` that end every sequence once any of `events` is set."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    watched = [e for e in events if e is not None]
+
+    class _Cancelled(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kw: Any) -> Any:
+            done = any(e.is_set() for e in watched)
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([_Cancelled()] if watched else [])
 
 
 class Stream:
     """Text pieces as they are generated. After iteration: `.result` (a `Generation`); `.close()`
     stops the generation early (the lock is released when the generating thread ends)."""
 
-    def __init__(self, engine: ChatEngine, ids: list[int], kwargs: dict):
-        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+    def __init__(
+        self, engine: ChatEngine, ids: list[int], kwargs: dict, cancel: threading.Event | None = None
+    ):
+        from transformers import TextIteratorStreamer
 
         stop_ids = set(engine.stop_ids)
-        abort = self.abort = threading.Event()
+        self.abort = threading.Event()
 
         class _Streamer(TextIteratorStreamer):  # drops the stop token so it never shows in the text
             def put(self, value: Any) -> None:
@@ -254,21 +295,13 @@ class Stream:
                     return
                 super().put(value)
 
-        class _Abort(StoppingCriteria):
-            def __call__(self, input_ids: Any, scores: Any, **kw: Any) -> Any:
-                import torch
-
-                return torch.full(
-                    (input_ids.shape[0],), abort.is_set(), dtype=torch.bool, device=input_ids.device
-                )
-
         self.engine, self.prompt_len, self.kwargs = engine, len(ids), kwargs
         self.streamer = _Streamer(
             engine.tokenizer,
             skip_prompt=True,
             skip_special_tokens=engine.cfg.generating.skip_special_tokens,
         )
-        self.criteria = StoppingCriteriaList([_Abort()])
+        self.criteria = stop_when_set(self.abort, cancel)
         self.output: Any = None
         self.error: BaseException | None = None
         self.result: Generation | None = None

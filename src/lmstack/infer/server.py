@@ -1,11 +1,17 @@
 """OpenAI-compatible HTTP API: `GET /v1/models`, `POST /v1/chat/completions` (plain and SSE).
 
-Safety: an API key (Bearer) is compared in constant time; it is required to bind a non-loopback
-address (`check_bind`). Request bodies are capped at `MAX_BODY_BYTES` (413), `max_tokens` at the
-YAML's `max_new_tokens` (400); malformed requests get a 4xx JSON error
-(`{"error": {"message", "type", "param", "code"}}`), and unexpected failures a JSON 500 without a
-traceback. One generation runs at a time (the engine's lock). Model settings such as
-`trust_remote_code` come only from the YAML, never from a request.
+Safety: an API key (Bearer) is compared in constant time; binding a non-loopback address needs one of
+at least `MIN_KEY_CHARS` characters (`check_bind`). Every request is bounded (`Limits`, flags of
+`lmstack api`): the body by `MAX_BODY_BYTES` before it is parsed (413); the prompt by
+`--max-prompt-tokens`, counted in characters before tokenizing (`CHARS_PER_TOKEN` per allowed token)
+and in tokens after (400); `max_tokens` by `--max-tokens-limit` (400); the requests admitted behind
+the one generating by `--max-queue` (503 with `Retry-After`). Tokenization and generation run in
+worker threads, so the event loop keeps answering while big prompts are tokenized. A client that
+disconnects (waiting, tokenizing or generating, streamed or not) leaves the queue, and its
+generation stops at the next token. One generation runs at a time, in arrival order. Malformed
+requests get a 4xx JSON error (`{"error": {"message", "type", "param", "code"}}`), unexpected
+failures a JSON 500 without a traceback. Model settings such as `trust_remote_code` come only from
+the YAML, never from a request.
 
 Request fields the server does not use (`user`, `seed`, `presence_penalty`, ...) are accepted and
 ignored, as OpenAI clients send them freely; `n > 1` and `tools` are refused with a 400. `stop`
@@ -13,62 +19,55 @@ strings end the reply before the first of them (also when streaming: text that c
 string is held back until it cannot).
 """
 
+import functools
 import hmac
 import ipaddress
 import json
 import logging
 import socket
+import threading
 import time
 import uuid
-from typing import Any, Literal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from lmstack.config.errors import ConfigError, LmstackError
+from lmstack.infer.admission import Gate, event_stream, until_disconnect
+from lmstack.infer.openai_request import (
+    APIError,
+    ChatRequest,
+    check_prompt_chars,
+    check_prompt_tokens,
+    check_request,
+    to_conversation,
+    validation_message,
+)
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
+MIN_KEY_CHARS = 16
 
 
-class APIError(Exception):
-    def __init__(
-        self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
-    ):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one server (`lmstack api` flags). `max_tokens` None: the YAML's `max_new_tokens`
+    (which is also the default of a request's max_tokens)."""
 
+    max_queue: int = 16  # requests admitted while one generates; one more gets a 503
+    max_prompt_tokens: int = 8192
+    max_tokens: int | None = None
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    tool_calls: list[Any] | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content or ""
-
-
-class ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: str
-    messages: list[Message] = Field(min_length=1)
-    stream: bool = False
-    max_tokens: int | None = Field(None, gt=0)
-    max_completion_tokens: int | None = Field(None, gt=0)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    n: int = Field(1, ge=1)
-    stop: str | list[str] | None = None
-    tools: list[Any] | None = None
-    stream_options: dict[str, Any] | None = None
+    def check(self) -> None:
+        for flag, value, low in (
+            ("--max-queue", self.max_queue, 0),
+            ("--max-prompt-tokens", self.max_prompt_tokens, 1),
+            ("--max-tokens-limit", self.max_tokens, 1),
+        ):
+            if value is not None and value < low:
+                raise ConfigError(f"{flag}: got {value}; give an integer of at least {low}")
 
 
 def is_loopback(host: str) -> bool:
@@ -81,55 +80,19 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, api_key: str | None) -> None:
-    if not is_loopback(host) and not api_key:
+    if is_loopback(host):
+        return
+    if not api_key:
         raise ConfigError(
             f"--host: {host} is reachable from other machines, so an API key is required; pass "
             "--api-key KEY or set API_KEY (clients send `Authorization: Bearer KEY`), or bind 127.0.0.1"
         )
-
-
-def to_conversation(req: ChatRequest) -> tuple[str | None, list[dict]]:
-    """OpenAI messages -> (system, lmstack messages); 400 on what the template cannot render."""
-    messages = list(req.messages)
-    system = None
-    if messages[0].role in ("system", "developer"):
-        system = messages.pop(0).text()
-    conv = []
-    for i, m in enumerate(messages):
-        if m.role in ("system", "developer"):
-            raise APIError(400, f"messages[{i}]: a system message is only allowed first", param="messages")
-        if m.tool_calls:
-            raise APIError(400, f"messages[{i}]: tool calls are not supported", param="messages")
-        conv.append({"role": "observation" if m.role == "tool" else m.role, "content": m.text()})
-    if not conv or conv[-1]["role"] not in ("user", "observation"):
-        raise APIError(
-            400, "messages: the last message must come from the user (or a tool)", param="messages"
+    if len(api_key) < MIN_KEY_CHARS:
+        raise ConfigError(
+            f"--api-key: the key has {len(api_key)} characters; on {host}, reachable from other machines, "
+            f"it needs at least {MIN_KEY_CHARS} (make one with: python -c 'import secrets; "
+            "print(secrets.token_urlsafe(24))'), or bind 127.0.0.1"
         )
-    from lmstack.templates.template import check_roles
-
-    try:
-        check_roles(conv)
-    except ValueError as err:
-        raise APIError(400, f"messages: {err}", param="messages") from None
-    return system, conv
-
-
-def _check_request(req: ChatRequest, cap: int) -> int:
-    if req.n != 1:
-        raise APIError(400, f"n: got {req.n}; only n=1 is supported", param="n")
-    stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
-    if len(stops) > 4 or not all(0 < len(s) <= 256 for s in stops):
-        raise APIError(400, "stop: give up to 4 non-empty strings of at most 256 characters", param="stop")
-    if req.tools:
-        raise APIError(400, "tools: tool calling is not supported by lmstack api yet", param="tools")
-    wanted = req.max_completion_tokens or req.max_tokens or cap
-    if wanted > cap:
-        raise APIError(
-            400,
-            f"max_tokens: got {wanted}; this server allows at most {cap} (max_new_tokens in its YAML)",
-            param="max_tokens",
-        )
-    return wanted
 
 
 async def _read_json(request: Any) -> Any:
@@ -145,17 +108,15 @@ async def _read_json(request: Any) -> Any:
         return json.loads(body)
     except ValueError as err:
         raise APIError(400, f"request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise APIError(400, "request body is not valid JSON: nested too deeply") from None
 
 
-def _validation_message(err: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in err.errors())
-
-
-def _error(status: int, message: str, kind: str, param: str | None = None) -> Any:
+def _error(status: int, message: str, kind: str, param: str | None = None, **extra: Any) -> Any:
     from fastapi.responses import JSONResponse
 
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    headers = extra.get("headers") or ({"WWW-Authenticate": "Bearer"} if status == 401 else None)
+    body = {"error": {"message": message, "type": kind, "param": param, "code": extra.get("code")}}
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -165,7 +126,7 @@ def _install_error_handlers(app: Any) -> None:
     from starlette.exceptions import HTTPException
 
     async def api_error(request: Any, exc: APIError) -> Any:
-        return _error(exc.status, exc.message, exc.kind, exc.param)
+        return _error(exc.status, exc.message, exc.kind, exc.param, code=exc.code, headers=exc.headers)
 
     async def http_error(request: Any, exc: HTTPException) -> Any:
         return _error(exc.status_code, str(exc.detail), "invalid_request_error")
@@ -193,39 +154,42 @@ def _authorize(request: Any, api_key: str | None) -> None:
         )
 
 
-async def _parse(request: Any, engine: Any) -> tuple[ChatRequest, str | None, list[dict], dict]:
+def _parse(body: Any, engine: Any, limits: Limits) -> tuple[ChatRequest, str | None, list[dict], dict]:
     """A validated request -> (request, system, conversation, generation overrides)."""
     try:
-        req = ChatRequest.model_validate(await _read_json(request))
+        req = ChatRequest.model_validate(body)
     except ValidationError as err:
-        raise APIError(422, _validation_message(err)) from None
-    max_tokens = _check_request(req, engine.cfg.generating.max_new_tokens)
+        raise APIError(422, validation_message(err)) from None
+    default = engine.cfg.generating.max_new_tokens
+    if limits.max_tokens is None:
+        cap, source = default, "max_new_tokens in its YAML; lmstack api --max-tokens-limit raises it"
+    else:
+        cap, source = limits.max_tokens, "lmstack api --max-tokens-limit"
+    max_tokens = check_request(req, default, cap, source)
     system, conv = to_conversation(req)
-    try:
-        prompt_len = len(engine.prompt_ids(conv, system))
-    except (ValueError, LmstackError) as err:
-        raise APIError(400, f"messages: {err}", param="messages") from None
-    limit = engine.max_length
-    if limit and prompt_len + max_tokens > limit:
-        raise APIError(
-            400,
-            f"messages: the prompt has {prompt_len} tokens; with max_tokens {max_tokens} it exceeds "
-            f"the model's {limit}-token context",
-            param="messages",
-        )
+    check_prompt_chars(system, conv, limits.max_prompt_tokens)
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     params = {"max_new_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p, "stop": stop}
     return req, system, conv, params
 
 
-def create_app(engine: Any, model_name: str, api_key: str | None = None) -> Any:
+def create_app(engine: Any, model_name: str, api_key: str | None = None, limits: Limits = Limits()) -> Any:
     import anyio
-    from fastapi import FastAPI, Request
-    from fastapi.responses import StreamingResponse
+    from fastapi import FastAPI, Request, Response
 
     app = FastAPI(title="lmstack api", docs_url=None, redoc_url=None, openapi_url=None)
     _install_error_handlers(app)
     created = int(time.time())
+    gate = Gate(limits.max_queue)
+    tokenizing = anyio.CapacityLimiter(1)
+
+    def tokenize(conv: list[dict], system: str | None, max_tokens: int) -> list[int]:
+        try:
+            ids = engine.prompt_ids(conv, system)
+        except (ValueError, LmstackError) as err:
+            raise APIError(400, f"messages: {err}", param="messages") from None
+        check_prompt_tokens(len(ids), max_tokens, limits.max_prompt_tokens, engine.max_length)
+        return ids
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
@@ -238,24 +202,58 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None) -> Any:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         _authorize(request, api_key)
-        req, system, conv, params = await _parse(request, engine)
-        reply_id = f"chatcmpl-{uuid.uuid4().hex}"
-        if req.stream:
-            usage = bool((req.stream_options or {}).get("include_usage"))
-            events = _sse(engine, conv, system, params, reply_id, model_name, usage)
-            return StreamingResponse(events, media_type="text/event-stream")
-        result = await anyio.to_thread.run_sync(lambda: engine.generate(conv, system, **params))
-        choice = {"role": "assistant", "content": result.text}
-        return {
-            "id": reply_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model_name,
-            "choices": [{"index": 0, "message": choice, "finish_reason": result.finish_reason}],
-            "usage": _usage(result),
-        }
+        req, system, conv, params = _parse(await _read_json(request), engine, limits)
+        release, gone, reply_id = gate.admit(), threading.Event(), f"chatcmpl-{uuid.uuid4().hex}"
+        if release is None:
+            raise _busy(gate)
+        try:
+            async with until_disconnect(request.receive, gone):
+                work = functools.partial(tokenize, conv, system, params["max_new_tokens"])
+                ids = await anyio.to_thread.run_sync(work, limiter=tokenizing)
+                if req.stream:
+                    usage = bool((req.stream_options or {}).get("include_usage"))
+                    events = _events(engine, gate, ids, params, gone, (reply_id, model_name, usage))
+                    response, release = event_stream(events, gone, release), lambda: None
+                    return response  # which releases the admission when it ends
+                async with gate.generating():
+                    work = functools.partial(engine.generate_ids, ids, gone, **params)
+                    result = await anyio.to_thread.run_sync(work)
+                return _completion(result, reply_id, model_name)
+        finally:
+            release()
+        logger.info("client disconnected: request %s dropped", reply_id)
+        return Response(status_code=499)  # nobody reads it
 
     return app
+
+
+def _busy(gate: Gate) -> APIError:
+    wait = gate.retry_after
+    return APIError(
+        503,
+        f"server busy: {gate.admitted} requests in progress, at most {gate.max_queue} may wait behind the "
+        f"one generating (lmstack api --max-queue); retry after {wait} s",
+        "server_error",
+        code="queue_full",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+def _completion(result: Any, reply_id: str, model: str) -> dict:
+    return {
+        "id": reply_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": result.text},
+                "finish_reason": result.finish_reason,
+            }
+        ],
+        "usage": _usage(result),
+    }
 
 
 def _usage(result: Any) -> dict:
@@ -266,49 +264,49 @@ def _usage(result: Any) -> dict:
     }
 
 
-async def _sse(
-    engine: Any, conv: list, system: str | None, params: dict, reply_id: str, model: str, usage: bool
-):
+async def _events(
+    engine: Any, gate: Gate, ids: list[int], params: dict, gone: threading.Event, reply: tuple
+) -> AsyncIterator[str]:
     """Server-sent events: role chunk, content chunks, finish chunk, [usage chunk], [DONE]."""
     import anyio
 
-    def chunk(delta: dict, finish: str | None = None, **extra: Any) -> str:
+    reply_id, model, usage = reply
+
+    def chunk(choices: list, **extra: Any) -> str:
         body = {
             "id": reply_id,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            "choices": choices,
             **extra,
         }
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-    stream = None
+    def delta(content: dict, finish: str | None = None) -> str:
+        return chunk([{"index": 0, "delta": content, "finish_reason": finish}])
+
     try:
-        stream = await anyio.to_thread.run_sync(lambda: engine.stream(conv, system, **params))
-        pieces = iter(stream)
-        yield chunk({"role": "assistant", "content": ""})
-        while (piece := await anyio.to_thread.run_sync(next, pieces, None)) is not None:
-            yield chunk({"content": piece})
+        async with gate.generating():
+            work = functools.partial(engine.stream_ids, ids, gone, **params)
+            stream = await anyio.to_thread.run_sync(work)
+            try:
+                pieces = iter(stream)
+                yield delta({"role": "assistant", "content": ""})
+                while (piece := await anyio.to_thread.run_sync(next, pieces, None)) is not None:
+                    yield delta({"content": piece})
+            finally:  # the generation ends before the next one may start
+                stream.close()
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(stream.thread.join)
         result = stream.result
-        yield chunk({}, result.finish_reason)
+        yield delta({}, result.finish_reason)
         if usage:
-            body = {
-                "id": reply_id,
-                "object": "chat.completion.chunk",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [],
-                "usage": _usage(result),
-            }
-            yield f"data: {json.dumps(body)}\n\n"
+            yield chunk([], usage=_usage(result))
     except Exception as exc:  # the response has started: report in-band
         logger.error("stream failed: %s", exc, exc_info=exc)
         failed = {"error": {"message": f"generation failed ({type(exc).__name__})", "type": "server_error"}}
         yield f"data: {json.dumps(failed)}\n\n"
-    finally:
-        if stream is not None:
-            stream.close()
     yield "data: [DONE]\n\n"
 
 
@@ -326,7 +324,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(engine: Any, host: str, port: int, api_key: str | None, model_name: str) -> None:
+def serve(
+    engine: Any, host: str, port: int, api_key: str | None, model_name: str, limits: Limits = Limits()
+) -> None:
     """Bind first (so port 0 resolves), print the real URL, then run uvicorn on that socket."""
     import uvicorn
 
@@ -335,6 +335,6 @@ def serve(engine: Any, host: str, port: int, api_key: str | None, model_name: st
     bound_host, bound_port = sock.getsockname()[:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     print(f"lmstack api: serving {model_name!r} at http://{shown}:{bound_port}/v1", flush=True)
-    app = create_app(engine, model_name, api_key)
+    app = create_app(engine, model_name, api_key, limits)
     server = uvicorn.Server(uvicorn.Config(app, log_level="info", access_log=True))
     server.run(sockets=[sock])

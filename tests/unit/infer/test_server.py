@@ -1,50 +1,304 @@
-"""API safety rules that need no model: bind checks and the JSON 500 handler."""
+"""API server rules that need no model: bind checks, the JSON 500 handler, request limits, the queue,
+cancellation on disconnect and a free event loop. `FakeEngine` generates one "token" per tick and
+checks its cancel event between tokens, as the real engine's stopping criteria do; apps run in a
+real uvicorn on a loopback port, and clients disconnect by closing their socket."""
 
 from __future__ import annotations
 
+import json
+import queue
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
-from lmstack.infer.server import check_bind, create_app, is_loopback
+from lmstack.infer.engine import Generation
+from lmstack.infer.server import Limits, bind_socket, check_bind, create_app, is_loopback
+
+LONG_KEY = "k" * 16
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2", "[::1]"])
 def test_loopback_hosts_need_no_key(host):
     assert is_loopback(host)
     check_bind(host, None)
+    check_bind(host, "short")
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.5", "example.com"])
-def test_other_hosts_need_a_key(host):
+def test_other_hosts_need_a_key_of_16_characters(host):
     assert not is_loopback(host)
     with pytest.raises(ConfigError, match=f"--host: {host} is reachable .* --api-key KEY or set API_KEY"):
         check_bind(host, None)
-    check_bind(host, "k")
+    with pytest.raises(ConfigError, match="--api-key: the key has 15 characters; .* at least 16") as err:
+        check_bind(host, "k" * 15)
+    assert "k" * 15 not in str(err.value)  # the key itself is never echoed
+    check_bind(host, LONG_KEY)
 
 
-class BrokenEngine:
-    """An engine whose generation fails unexpectedly (a bug, an OOM)."""
+@pytest.mark.parametrize(
+    "limits, message",
+    [
+        (Limits(max_queue=-1), "--max-queue: got -1; give an integer of at least 0"),
+        (Limits(max_prompt_tokens=0), "--max-prompt-tokens: got 0; give an integer of at least 1"),
+        (Limits(max_tokens=0), "--max-tokens-limit: got 0; give an integer of at least 1"),
+    ],
+)
+def test_limits_out_of_range_are_refused(limits, message):
+    with pytest.raises(ConfigError, match=message):
+        limits.check()
+    Limits(max_queue=0, max_prompt_tokens=1, max_tokens=1).check()
 
-    cfg = build_config({"model_name_or_path": "m", "output_dir": "o", "max_new_tokens": 4})
-    max_length = None
+
+class FakeEngine:
+    """Prompt ids are the last message's characters; a generation makes one token per `tick` until
+    max_new_tokens, its cancel event or `shutdown`. Records which prompts started / were cancelled."""
+
+    def __init__(self, max_new_tokens: int = 4, tick: float = 0.01, tokenize_seconds: float = 0.0):
+        self.cfg = build_config(
+            {"model_name_or_path": "m", "output_dir": "o", "max_new_tokens": max_new_tokens}
+        )
+        self.max_length = None
+        self.tick, self.tokenize_seconds = tick, tokenize_seconds
+        self.started: list[str] = []
+        self.cancelled: list[str] = []
+        self.tokenized = 0
+        self.lock = threading.Lock()
+        self.shutdown = threading.Event()
 
     def prompt_ids(self, messages, system=None):
-        return [1, 2, 3]
+        self.tokenized += 1
+        time.sleep(self.tokenize_seconds)  # like tokenizers' encode, which releases the GIL
+        return [ord(c) for c in messages[-1]["content"]]
 
-    def generate(self, *args, **kwargs):
+    def run(self, ids, events, max_new_tokens=None, emit=None, **unused):
+        label, n = "".join(map(chr, ids)), 0
+        with self.lock:
+            self.started.append(label)
+            while (
+                n < max_new_tokens and not any(e.is_set() for e in events if e) and not self.shutdown.is_set()
+            ):
+                time.sleep(self.tick)
+                n += 1
+                if emit:
+                    emit("x")
+            if any(e.is_set() for e in events if e):
+                self.cancelled.append(label)
+        return Generation("x" * n, len(ids), n, "length" if n == max_new_tokens else "stop")
+
+    def generate_ids(self, ids, cancel=None, **params):
+        return self.run(ids, [cancel], **params)
+
+    def stream_ids(self, ids, cancel=None, **params):
+        return FakeStream(self, ids, cancel, params)
+
+    def generate(self, messages, system=None, **params):  # the interface before cancellation
+        return self.generate_ids(self.prompt_ids(messages, system), None, **params)
+
+    def stream(self, messages, system=None, **params):
+        return self.stream_ids(self.prompt_ids(messages, system), None, **params)
+
+
+class FakeStream:
+    def __init__(self, engine, ids, cancel, params):
+        self.abort, self.pieces, self.result = threading.Event(), queue.Queue(), None
+
+        def run():
+            self.result = engine.run(ids, [self.abort, cancel], emit=self.pieces.put, **params)
+            self.pieces.put(None)
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def __iter__(self):
+        while (piece := self.pieces.get()) is not None:
+            yield piece
+
+    def close(self):
+        self.abort.set()
+
+
+@contextmanager
+def serving(engine, *args, **kwargs):
+    """The app in a real uvicorn on a free loopback port; yields the port."""
+    import uvicorn
+
+    sock = bind_socket("127.0.0.1", 0)
+    app = create_app(engine, "m", *args, **kwargs)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        engine.shutdown.set()
+        server.should_exit = True
+        thread.join(10)
+
+
+def wait_for(condition, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def body(content: str, **fields) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": content}], **fields}
+
+
+def open_request(port: int, payload: dict) -> socket.socket:
+    """Sends a chat request on a raw socket (close it to disconnect)."""
+    data = json.dumps(payload).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_disconnects_stops_its_generation(stream):
+    engine = FakeEngine(max_new_tokens=100_000)  # 1000 s of generation unless cancelled
+    with serving(engine) as port:
+        client = open_request(port, body("long", stream=stream))
+        assert wait_for(lambda: "long" in engine.started)
+        client.close()
+        assert wait_for(lambda: "long" in engine.cancelled, timeout=5), "generation went on without a client"
+        start = time.monotonic()
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body("next", max_tokens=2))
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
+        assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_queued_client_that_disconnects_never_generates(stream):
+    engine = FakeEngine(max_new_tokens=100_000)
+    with serving(engine) as port:
+        first = open_request(port, body("first", max_tokens=80))  # about 0.8 s
+        assert wait_for(lambda: "first" in engine.started)
+        queued = open_request(port, body("queued", max_tokens=5, stream=stream))
+        time.sleep(0.2)
+        queued.close()
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body("third", max_tokens=2))
+        assert reply.status_code == 200
+        first.close()
+    assert engine.started == ["first", "third"]
+
+
+def test_past_max_queue_a_request_gets_503_with_retry_after():
+    engine = FakeEngine(max_new_tokens=100_000)
+    with serving(engine, limits=Limits(max_queue=1)) as port:
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        first = open_request(port, body("first"))
+        assert wait_for(lambda: "first" in engine.started)
+        waiting = open_request(port, body("waiting"))
+        time.sleep(0.2)
+        reply = httpx.post(url, json=body("third", max_tokens=1))
+        assert reply.status_code == 503
+        assert int(reply.headers["Retry-After"]) >= 1
+        error = reply.json()["error"]
+        assert (error["type"], error["code"]) == ("server_error", "queue_full")
+        assert "at most 1 may wait behind the one generating (lmstack api --max-queue)" in error["message"]
+        first.close()
+        waiting.close()  # both leave: the queue is free again
+        assert wait_for(lambda: httpx.post(url, json=body("fourth", max_tokens=1)).status_code == 200, 5)
+    assert engine.started == ["first", "fourth"]
+
+
+def test_the_event_loop_answers_while_prompts_are_tokenized():
+    engine = FakeEngine(tokenize_seconds=1.0)
+    with serving(engine) as port:
+        base = f"http://127.0.0.1:{port}/v1"
+        replies: list[int] = []
+        posts = [
+            threading.Thread(
+                target=lambda: replies.append(
+                    httpx.post(f"{base}/chat/completions", json=body("hi"), timeout=30).status_code
+                )
+            )
+            for _ in range(2)
+        ]
+        for thread in posts:
+            thread.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        assert httpx.get(f"{base}/models").status_code == 200
+        assert time.monotonic() - start < 0.5
+        for thread in posts:
+            thread.join()
+    assert replies == [200, 200]
+
+
+def post(client: TestClient, payload: dict) -> httpx.Response:
+    return client.post("/v1/chat/completions", json=payload)
+
+
+def test_max_tokens_is_bounded_by_the_limit_and_defaults_to_the_yaml():
+    engine = FakeEngine(max_new_tokens=4, tick=0.001)
+    client = TestClient(create_app(engine, "m", limits=Limits(max_tokens=50)))
+    r = post(client, body("hi", max_tokens=51))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "max_tokens: got 51; this server allows at most 50 (lmstack api --max-tokens-limit)"
+    )
+    assert r.json()["error"]["code"] == "max_tokens_exceeded"
+    assert post(client, body("hi", max_tokens=50)).json()["usage"]["completion_tokens"] == 50
+    assert post(client, body("hi")).json()["usage"]["completion_tokens"] == 4
+    unset = TestClient(create_app(engine, "m")).post("/v1/chat/completions", json=body("hi", max_tokens=5))
+    assert unset.status_code == 400 and "at most 4 (max_new_tokens in its YAML" in unset.text
+
+
+def test_prompt_size_is_bounded_before_and_after_tokenizing():
+    engine = FakeEngine(tick=0.001)  # one token per character
+    client = TestClient(create_app(engine, "m", limits=Limits(max_prompt_tokens=10)))
+    r = post(client, body("x" * 321))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "messages: the prompt has 321 characters; this server allows at most 10 tokens "
+        "(lmstack api --max-prompt-tokens), so at most 320 characters"
+    )
+    assert engine.tokenized == 0  # refused before tokenizing
+    r = post(client, body("x" * 11))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["message"] == (
+        "messages: the prompt has 11 tokens; this server allows at most 10 (lmstack api --max-prompt-tokens)"
+    )
+    assert post(client, body("x" * 10)).status_code == 200
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100_000, b'{"a":' * 100_000])
+def test_deeply_nested_json_is_a_400(raw):
+    client = TestClient(create_app(FakeEngine(), "m"), raise_server_exceptions=False)
+    r = client.post("/v1/chat/completions", content=raw)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "request body is not valid JSON: nested too deeply"
+
+
+class BrokenEngine(FakeEngine):
+    """An engine whose generation fails unexpectedly (a bug, an OOM)."""
+
+    def run(self, *args, **kwargs):
         raise RuntimeError("CUDA out of memory (secret detail)")
 
-    stream = generate
+    def stream_ids(self, *args, **kwargs):
+        self.run()
 
 
 def test_unexpected_failures_are_a_json_500_without_traceback():
-    client = TestClient(create_app(BrokenEngine(), "m", "k"), raise_server_exceptions=False)
+    client = TestClient(create_app(BrokenEngine(), "m", LONG_KEY), raise_server_exceptions=False)
     r = client.post(
         "/v1/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
-        headers={"Authorization": "Bearer k"},
+        headers={"Authorization": f"Bearer {LONG_KEY}"},
     )
     assert r.status_code == 500
     assert r.json()["error"] == {
@@ -57,9 +311,9 @@ def test_unexpected_failures_are_a_json_500_without_traceback():
 
 
 def test_a_failing_stream_reports_in_band_and_still_ends_with_done():
-    client = TestClient(create_app(BrokenEngine(), "m", "k"), raise_server_exceptions=False)
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    r = client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer k"})
+    client = TestClient(create_app(BrokenEngine(), "m", LONG_KEY), raise_server_exceptions=False)
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    r = client.post("/v1/chat/completions", json=payload, headers={"Authorization": f"Bearer {LONG_KEY}"})
     events = [e for e in r.text.split("\n\n") if e]
     assert r.status_code == 200
     assert events == [

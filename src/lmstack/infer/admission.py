@@ -1,0 +1,118 @@
+"""Admission and client-disconnect handling for `lmstack api` (`infer/server.py`).
+
+`Gate` admits at most `max_queue` requests behind the one generating and lets one generation run at a
+time, first come first served. `until_disconnect` watches the ASGI receive channel while a request
+waits or generates: when the client goes away it sets the request's cancel event (the engine stops
+at the next token) and cancels the waits. `event_stream` is a server-sent-events response that does
+the same for a stream and releases the request's admission however the response ends.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class Gate:
+    """`admit()` counts a request in until the returned `release` is called (None: full);
+    `generating()` holds the one generation slot. `seconds` is a recent generation's duration."""
+
+    def __init__(self, max_queue: int):
+        import anyio
+
+        self.max_queue, self.admitted, self.seconds = max_queue, 0, 1.0
+        self.lock = anyio.Lock()
+
+    def admit(self) -> Callable[[], None] | None:
+        if self.admitted > self.max_queue:
+            return None
+        self.admitted += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released, self.admitted = True, self.admitted - 1
+
+        return release
+
+    @property
+    def retry_after(self) -> int:
+        """Seconds until a slot likely frees: the running generation ends (about `seconds`)."""
+        return min(3600, max(1, math.ceil(self.seconds)))
+
+    @asynccontextmanager
+    async def generating(self) -> AsyncIterator[None]:
+        async with self.lock:
+            start = time.monotonic()
+            try:
+                yield
+            finally:
+                self.seconds = 0.7 * self.seconds + 0.3 * (time.monotonic() - start)
+
+
+@asynccontextmanager
+async def until_disconnect(receive: Callable, gone: threading.Event) -> AsyncIterator[None]:
+    """Runs the body while watching the ASGI `receive` channel (the request body must have been read):
+    on a disconnect `gone` is set and the body's waits are cancelled, so the body ends early and the
+    code after the `async with` runs. Exceptions of the body pass through unchanged."""
+    import anyio
+
+    error = None
+    async with anyio.create_task_group() as tasks:
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+            tasks.cancel_scope.cancel()
+
+        tasks.start_soon(watch)
+        try:
+            yield
+        except Exception as exc:  # re-raised below: the task group would wrap it in an ExceptionGroup
+            error = exc
+        finally:
+            tasks.cancel_scope.cancel()
+    if error is not None:
+        raise error
+
+
+def event_stream(events: AsyncIterator[str], gone: threading.Event, release: Callable[[], None]) -> Any:
+    """A `text/event-stream` response of `events`: on a disconnect `gone` is set and `events` is
+    closed; `release` runs however the response ends, also when it never starts."""
+    return _event_stream_type()(events, gone, release)
+
+
+@functools.cache
+def _event_stream_type() -> type:
+    import anyio
+    from starlette.responses import StreamingResponse
+
+    class EventStream(StreamingResponse):
+        def __init__(self, events: AsyncIterator[str], gone: threading.Event, release: Callable[[], None]):
+            super().__init__(events, media_type="text/event-stream")
+            self.events, self.gone, self.release = events, gone, release
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            try:
+                async with until_disconnect(receive, self.gone):
+                    await self.stream_response(send)
+            except OSError:  # ASGI 2.4 servers raise on sending to a closed connection
+                self.gone.set()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.events.aclose()  # stops the generation, frees its slot
+                self.release()
+            if self.gone.is_set():
+                logger.info("client disconnected: stream dropped")
+
+    return EventStream
