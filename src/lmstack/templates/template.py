@@ -130,7 +130,13 @@ class Template:
             encoded[index] = encoded[index] + [empty] if where == "append" else [empty] + encoded[index]
         return [(encoded[i], encoded[i + 1]) for i in range(0, len(encoded), 2)]
 
-    def _prompt_pairs(self, messages: list[dict], system, tools, think) -> list[Turn]:
+    def _prompt_pairs(
+        self,
+        messages: list[dict],
+        system: str | None,
+        tools: str | None,
+        think: tuple[bool | None, bool, bool],
+    ) -> list[Turn]:
         """A conversation ending with a user turn: LF's oneturn with an empty answer; that answer's
         pieces are dropped (an empty thought meant for it goes with it)."""
         pairs = self._pairs([*messages, {"role": "assistant", "content": ""}], system, tools, think, True)

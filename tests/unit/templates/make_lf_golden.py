@@ -217,6 +217,8 @@ def main() -> None:
         "templates": {},
     }
     for name in list_templates():
+        if name not in lf.TEMPLATES:  # baichuan2: an older LF name, not in 0.9.5
+            continue
         template = lf.TEMPLATES[name]
         reasoning = isinstance(template, lf.ReasoningTemplate)
         entries = []

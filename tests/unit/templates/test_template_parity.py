@@ -85,8 +85,11 @@ def lf_supervised(pairs: list, mask_history: bool, efficient_eos: bool, eos: int
     return input_ids, labels
 
 
+NOT_IN_LF_0_9_5 = {"baichuan2"}  # an older LF name, checked by hand in test_template_render.py
+
+
 def test_the_golden_covers_every_shipped_template():
-    assert sorted(TEMPLATES) == list_templates()
+    assert sorted(TEMPLATES) == [n for n in list_templates() if n not in NOT_IN_LF_0_9_5]
     assert len(TEMPLATES) == 121
 
 

@@ -206,6 +206,8 @@ CASES = {
         'Assistant:Action: get_weather\nAction Input: {"city": "Paris"}</s>\n'
         'Human: {"temp": 22}</s>\nAssistant:It is 22 degrees.</s>\n'),
     "empty": (None, "</s>", CHAT, None, "Be brief.HiHello!Weather in Paris?Sunny."),
+    "baichuan2": (None, "</s>", CHAT, None,  # LF <= 0.9.4: user slot only, efficient EOS
+        "Be brief.<reserved_106>Hi<reserved_107>Hello!<reserved_106>Weather in Paris?<reserved_107>Sunny."),
 }  # fmt: skip
 
 
