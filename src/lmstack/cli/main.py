@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import sys
+import textwrap
 
 from lmstack import __version__
 from lmstack.config.errors import LmstackError
@@ -54,6 +55,12 @@ def fields_help() -> str:
         for name, info in cls.model_fields.items():
             default = "required" if info.is_required() else f"default {info.default!r}"
             lines.append(f"    {name:<36} {info.description} ({default})")
+    from lmstack.templates import list_templates
+
+    names = textwrap.fill(
+        ", ".join(list_templates()), width=106, initial_indent="    ", subsequent_indent="    "
+    )
+    lines += ["\n  template names (LLaMA-Factory's; see src/lmstack/templates/builtin):", names]
     return "\n".join(lines)
 
 

@@ -122,6 +122,11 @@ class DataArgs(Section):
         description="Reasoning templates: empty <think> added to the answer (true) / prompt (false) / never (null).",
     )
     preserve_thinking: bool = Field(False, description="Reasoning templates: keep the CoT of history turns.")
+    thinking_style: Literal["llamafactory", "inference"] = Field(
+        "llamafactory",
+        description="Reasoning templates: LLaMA-Factory's thought rules, or inference = history as the "
+        "model's chat template shows it (lmstack's rules; templates/THINKING.md).",
+    )
     ignore_pad_token_for_loss: bool = Field(True, description="Padding positions never count in the loss.")
 
 

@@ -46,15 +46,19 @@ def encode_supervised(example: dict, tokenizer: Any, template: Any, opts: Encode
     if not example["response"][0]["content"].strip():
         raise DropExample("empty response", where)
     messages = example["prompt"] + example["response"]
-    pairs = template.encode_multiturn(tokenizer, messages, **encode_kwargs(template, example, opts))
+    kwargs = encode_kwargs(template, example, opts)
+    pairs = template.encode_multiturn(tokenizer, messages, mask_history=opts.mask_history, **kwargs)
     if opts.mask_history:
         pairs = pairs[::-1]  # latest turn first, so truncation drops the oldest turns
+    # efficient-EOS templates print no EOS after an answer: LLaMA-Factory labels the first token of every
+    # later source with EOS and ends the row with one EOS (kept inside cutoff_len)
+    eos = tokenizer.eos_token_id if template.efficient_eos else None
     input_ids: list[int] = []
     labels: list[int] = []
     truncated = False
     trained = 0
     for turn, (src, tgt) in enumerate(pairs):
-        budget = opts.cutoff_len - len(input_ids)
+        budget = opts.cutoff_len - (eos is not None) - len(input_ids)
         if budget <= 0:
             truncated = True
             break
@@ -62,6 +66,8 @@ def encode_supervised(example: dict, tokenizer: Any, template: Any, opts: Encode
         truncated |= src_len < len(src) or tgt_len < len(tgt)
         src, tgt = src[:src_len], tgt[:tgt_len]
         src_labels = list(src) if opts.train_on_prompt else [IGNORE_INDEX] * len(src)
+        if eos is not None and turn != 0 and src_labels and not opts.train_on_prompt:
+            src_labels[0] = eos
         tgt_labels = list(tgt) if (not opts.mask_history or turn == 0) else [IGNORE_INDEX] * len(tgt)
         trained += (len(src) if opts.train_on_prompt else 0) + (
             len(tgt) if not opts.mask_history or turn == 0 else 0
@@ -74,6 +80,8 @@ def encode_supervised(example: dict, tokenizer: Any, template: Any, opts: Encode
             labels += src_labels + tgt_labels
     if trained == 0:
         raise DropExample("no trainable tokens after truncation to cutoff_len")
+    if eos is not None:
+        input_ids, labels = input_ids + [eos], labels + [eos]
     return {"input_ids": input_ids, "labels": labels}, truncated
 
 

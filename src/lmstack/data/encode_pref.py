@@ -31,14 +31,13 @@ from lmstack.data.encode_common import (
 def _prompt_and_answer(
     example: dict, answer: dict, tokenizer: Any, template: Any, opts: EncodeOptions
 ) -> tuple[list[int], list[int]]:
-    """Ids of the whole prompt (history turns included, all masked) and of one answer."""
+    """Ids of the whole prompt (history turns included, all masked) and of one answer (LF's
+    encode_oneturn; an efficient-EOS template's answer ends with EOS, as in LF)."""
     if not answer["content"].strip():
         raise DropExample("empty response")
-    pairs = template.encode_multiturn(
-        tokenizer, example["prompt"] + [answer], **encode_kwargs(template, example, opts)
-    )
-    prompt = [i for src, tgt in pairs[:-1] for i in src + tgt] + list(pairs[-1][0])
-    return prompt, list(pairs[-1][1])
+    messages = example["prompt"] + [answer]
+    prompt, ids = template.encode_oneturn(tokenizer, messages, **encode_kwargs(template, example, opts))
+    return list(prompt), list(ids) + ([tokenizer.eos_token_id] if template.efficient_eos else [])
 
 
 def _row(prompt: list[int], answer: list[int]) -> tuple[list[int], list[int]]:

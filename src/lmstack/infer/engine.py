@@ -95,7 +95,7 @@ def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
     from lmstack.templates import get_template
 
     tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer)
+    template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
     dtype = inference_dtype(cfg)

@@ -11,7 +11,8 @@ Roles map to the Hugging Face message schema: observation -> `tool`; a function 
 assistant message with `tool_calls`; `tools` (JSON string) -> the `tools=` argument. `system=None`
 lets the chat template use its own default system prompt; any string (even '') is sent as a system
 message. `enable_thinking`/`preserve_thinking` are passed to the chat template (Qwen3-style templates
-read them); `enable_thinking=None` passes nothing.
+read them); `enable_thinking=None` passes nothing. `mask_history` changes only the labels here (the
+chat template decides which thoughts it shows).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmstack.config.errors import ConfigError
-from lmstack.templates.template import Template, builtin_template, check_roles, fix_special_tokens
+from lmstack.templates.builtin import builtin_template
+from lmstack.templates.template import Template, check_roles, fix_special_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class TokenizerTemplate:
         tools: str | None = None,
         enable_thinking: bool | None = True,
         preserve_thinking: bool = False,
+        mask_history: bool = False,
     ) -> list[tuple[str, str]]:
         check_roles(messages)
         if tokenizer is None:
@@ -124,6 +127,12 @@ class TokenizerTemplate:
             (_enc(tokenizer, s), _enc(tokenizer, t))
             for s, t in self.render_pairs(messages, system, tokenizer, **kw)
         ]
+
+    def encode_oneturn(
+        self, tokenizer: Any, messages: list[dict], system: str | None = None, **kw: Any
+    ) -> tuple[list[int], list[int]]:
+        pairs = self.encode_multiturn(tokenizer, messages, system, **kw)
+        return [i for s, t in pairs[:-1] for i in s + t] + pairs[-1][0], pairs[-1][1]
 
     def encode_prompt(
         self, tokenizer: Any, messages: list[dict], system: str | None = None, **kw: Any

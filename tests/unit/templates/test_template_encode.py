@@ -7,6 +7,7 @@ import pytest
 from _template_cases import CHAT, SYSTEM, TOOL_CHAT
 
 from lmstack.config.errors import ConfigError
+from lmstack.data.encode import EncodeOptions, encode_supervised
 from lmstack.templates import get_template
 from lmstack.tiny import build_tokenizer
 
@@ -33,26 +34,29 @@ def trained_spans(tok, ids, labels):
     return spans + ([tok.decode(cur)] if cur else [])
 
 
-@pytest.mark.parametrize("name", ["qwen", "chatml"])
+# The ChatML-shaped templates (LF's slots) against the tiny tokenizer's own ChatML chat template (built
+# offline; its default system prompt is "You are a helpful assistant."): same ids, turn by turn.
+CHATML = [
+    "chatml", "chatml_de", "cpm4", "dbrx", "falcon_h1", "intern2", "intern_s1", "intern_vl", "lfm2", "lfm2_vl",
+    "llava_next_qwen", "llava_next_video_yi", "llava_next_yi", "minicpm_o", "minicpm_v", "minicpm_v_4_6",
+    "opencoder", "qwen", "qwen2_audio", "qwen2_omni", "qwen2_vl", "qwen3_5_nothink", "qwen3_nothink",
+    "qwen3_omni_nothink", "qwen3_vl_nothink", "smollm", "smollm2", "yi",
+]  # fmt: skip
+HELPFUL = ["llava_next_qwen", "minicpm_v", "minicpm_v_4_6", "qwen2_audio", "qwen2_omni", "qwen2_vl"]
+
+
+@pytest.mark.parametrize("name", CHATML)
 def test_ids_equal_the_tokenizers_own_chat_template(tok, name):
-    pairs = get_template(name).encode_multiturn(tok, CHAT, SYSTEM)
-    ids = [i for src, tgt in pairs for i in src + tgt]
-    hf = tok.apply_chat_template(
-        [{"role": "system", "content": SYSTEM}, *CHAT], tokenize=True, return_dict=False
-    )
-    assert ids == hf
-
-
-@pytest.mark.parametrize("name", ["qwen", "chatml"])
-def test_prompt_ids_equal_the_tokenizers_generation_prompt(tok, name):
-    ids = get_template(name).encode_prompt(tok, CHAT[:3], SYSTEM)
-    hf = tok.apply_chat_template(
-        [{"role": "system", "content": SYSTEM}, *CHAT[:3]],
-        tokenize=True,
-        add_generation_prompt=True,
-        return_dict=False,
-    )
-    assert ids == hf
+    template = get_template(name)
+    for system in [SYSTEM, None] if name in HELPFUL else [SYSTEM]:
+        head = [{"role": "system", "content": system}] if system else []
+        pairs = template.encode_multiturn(tok, CHAT, system)
+        ids = [i for src, tgt in pairs for i in src + tgt]
+        assert ids == tok.apply_chat_template([*head, *CHAT], tokenize=True, return_dict=False)
+        prompt = tok.apply_chat_template(
+            [*head, *CHAT[:3]], tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        assert template.encode_prompt(tok, CHAT[:3], system) == prompt
 
 
 def test_labels_mask_sources_and_train_answers_with_their_trailer(tok):
@@ -99,22 +103,33 @@ def glm_tok():
     return tok
 
 
-def test_efficient_eos_appends_eos_to_every_target_but_not_to_the_text(glm_tok):
+def test_efficient_eos_labels_the_next_source_with_eos_and_ends_with_one(glm_tok):
+    """LLaMA-Factory's layout: no EOS inside the row (the format prints none); the label of each later
+    source's first token is EOS (the model learns to stop after an answer); one EOS closes the row."""
     template = get_template("glm4")
     eos = glm_tok.eos_token_id
     pairs = template.encode_multiturn(glm_tok, CHAT, "")
-    ids, labels = supervised(pairs)
-    # what is trained: each answer followed by the EOS id (the format prints none)
-    assert [t[-1] for _, t in pairs] == [eos, eos]
-    assert glm_tok.decode(pairs[0][1]) == "\nHello!" + glm_tok.eos_token
-    assert trained_spans(glm_tok, ids, labels) == ["\nHello!<|im_end|>", "\nSunny.<|im_end|>"]
-    assert labels.count(eos) == 2 and [i for i, lab in zip(ids, labels) if lab == IGNORE].count(eos) == 0
-    # the next source starts with <|user|>, masked
+    assert all(eos not in src + tgt for src, tgt in pairs)
+    assert glm_tok.decode(pairs[0][1]) == "\nHello!"
     assert pairs[1][0][0] == glm_tok.convert_tokens_to_ids("<|user|>")
-    # rendered text has no EOS; the generation prompt keeps the history EOS so it matches training
+    example = {"prompt": CHAT[:3], "response": CHAT[3:], "system": None, "tools": None}
+    row, _ = encode_supervised(example, glm_tok, template, EncodeOptions("sft", 4096))
+    (s0, t0), (s1, t1) = pairs
+    assert row["input_ids"] == s0 + t0 + s1 + t1 + [eos]
+    assert row["labels"] == [IGNORE] * len(s0) + t0 + [eos] + [IGNORE] * (len(s1) - 1) + t1 + [eos]
     assert glm_tok.eos_token not in template.render(CHAT, "", glm_tok)
-    prompt = template.encode_prompt(glm_tok, CHAT[:3], "")
-    assert prompt == pairs[0][0] + pairs[0][1] + pairs[1][0]
+    assert template.encode_prompt(glm_tok, CHAT[:3], "") == s0 + t0 + s1
+
+
+def test_efficient_eos_keeps_room_for_the_closing_eos(glm_tok):
+    template = get_template("glm4")
+    example = {"prompt": CHAT[:1], "response": CHAT[1:2], "system": None, "tools": None}
+    full, _ = encode_supervised(example, glm_tok, template, EncodeOptions("sft", 4096))
+    cut, truncated = encode_supervised(
+        example, glm_tok, template, EncodeOptions("sft", len(full["input_ids"]) - 1)
+    )
+    assert truncated and len(cut["input_ids"]) == len(full["input_ids"]) - 1
+    assert cut["input_ids"][-1] == cut["labels"][-1] == glm_tok.eos_token_id
 
 
 def test_bos_slot_becomes_the_bos_id(tok):

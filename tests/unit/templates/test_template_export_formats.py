@@ -1,5 +1,6 @@
 """The Jinja chat template written by `lmstack export` renders exactly `Template.render`, for every
-built-in template; the Ollama Modelfile carries the template's format and stop words."""
+built-in template (and both thinking styles of the reasoning ones); the Ollama Modelfile carries the
+template's format and stop words."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ TOOL_TURN = [
 CONVERSATIONS = [CHAT, CHAT[:3], CHAT[:1], TOOL_TURN]
 
 
-def tokenizer_for(name: str, bos: bool):
+def tokenizer_for(name: str, bos: bool, style: str = "llamafactory"):
     tok = build_tokenizer(CORPUS, vocab_size=400)
     if bos:
         tok.add_special_tokens({"bos_token": "<s>"})
-    template = get_template(name)
+    template = get_template(name, thinking_style=style)
     template.fix_tokenizer(tok)
     tok.chat_template = to_jinja(template)
     return tok, template
@@ -40,10 +41,16 @@ def hf(messages: list[dict], system: str | None) -> list[dict]:
     return head + [{**m, "role": "tool" if m["role"] == "observation" else m["role"]} for m in messages]
 
 
-@pytest.mark.parametrize("bos", [False, True])
-@pytest.mark.parametrize("name", list_templates())
-def test_jinja_renders_what_the_template_renders(name, bos):
-    tok, template = tokenizer_for(name, bos)
+REASONING = [n for n in list_templates() if get_template(n).reasoning]
+
+
+@pytest.mark.parametrize(
+    ("name", "bos", "style"),
+    [(n, b, "llamafactory") for n in list_templates() for b in (False, True)]
+    + [(n, False, "inference") for n in REASONING],
+)
+def test_jinja_renders_what_the_template_renders(name, bos, style):
+    tok, template = tokenizer_for(name, bos, style)
     thinking = [True, False, None] if template.reasoning else [True]
     for conv in CONVERSATIONS:
         for system in (None, "Be brief.", ""):
