@@ -30,7 +30,7 @@ def build_app(share_dir: str, lang: str = "en") -> gr.Blocks:
     ui = Ui(share_dir, lang)
     with gr.Blocks(title="lmstack", analytics_enabled=False) as demo:
         with gr.Row(equal_height=True):
-            ui.word(gr.Markdown(f"## {t('title', lang)}"), "title", "value")
+            ui.word(gr.Markdown(t("title", lang)), "title", "value")
             names = {v: k for k, v in LANGS.items()}
             lang_radio = ui.word(
                 gr.Radio(

@@ -15,7 +15,8 @@ from lmstack.webui.runs import CONFIG_NAME, RunView
 from lmstack.webui.train_tab import _load
 from lmstack.webui.ui import Ui, guarded, message
 
-REFRESH_SECONDS = 1.5
+REFRESH_SECONDS = 1.0
+SERIES_COLORS = {"train": "#2563eb", "eval": "#dc2626"}
 
 
 def build(ui: Ui) -> dict[str, Any]:
@@ -41,8 +42,8 @@ def build(ui: Ui) -> dict[str, Any]:
     w["status"] = gr.HTML(elem_id="run-status")
     w["plot"] = ui.word(
         gr.LinePlot(
-            value=_curve(RunView("", "none")), x="step", y="loss", color="series", label=t("loss_plot", ui.lang),
-            elem_id="loss-plot", height=300,
+            value=None, x="step", y="loss", color="series", color_map=SERIES_COLORS, label=t("loss_plot", ui.lang),
+            elem_id="loss-plot", height=340,
         ),
         "loss_plot",
     )  # fmt: skip
@@ -78,9 +79,11 @@ def run_choices(ui: Ui, select_newest: bool = False, select: str | None = None) 
     return gr.update(choices=choices)
 
 
-def _curve(view: RunView) -> pd.DataFrame:
-    """step (int), loss (float), series (train | eval): typed even when empty, so the plot's axes are
-    quantitative from the first frame."""
+def _curve(view: RunView) -> pd.DataFrame | None:
+    """step (int), loss (float), series (train | eval); None before the first point (an empty frame
+    would fix the plot's colour scale to no series at all)."""
+    if not view.loss and not view.eval_loss:
+        return None
     points = [(s, v, "train") for s, v in view.loss] + [(s, v, "eval") for s, v in view.eval_loss]
     return pd.DataFrame(
         {
@@ -120,7 +123,7 @@ def _refresh(ui: Ui):
     def run(lang_label: str, output_dir: str | None) -> tuple:
         lang = LANGS.get(lang_label, "en")
         if not output_dir:
-            return t("no_run", lang), _curve(RunView("", "none")), ""
+            return t("no_run", lang), None, ""
         view = ui.registry.view(output_dir)
         return status_html(view, lang), _curve(view), view.log_tail
 
