@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import gradio as gr
+import yaml
 
 from lmstack.config.load import build_config
 from lmstack.webui import actions, catalog
@@ -136,7 +137,7 @@ def _apply(ui: Ui):
             gr.update(value=to_widget(spec, changes[spec.name])) if spec.name in changes else gr.update()
             for spec in ui.specs
         ]
-        shown = ", ".join(f"{k}: {v}" for k, v in changes.items())
+        shown = yaml.safe_dump(changes, default_flow_style=True, sort_keys=False).strip()
         return (message(t("applied", lang, changes=shown)), *updates)
 
     return run
