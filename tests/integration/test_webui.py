@@ -207,19 +207,15 @@ def fill_lora_sft(page: Page, model: Path, out: Path) -> None:
     page.type("save_steps", 1000)
 
 
-def test_lora_sft_start_stop_resume_chat_export(browser: Page, webui, tiny_model):
-    url, tmp, log = webui
-    out, export_dir = tmp / "saves" / "tiny-lora", tmp / "exported"
-    page = browser
-    page.open(url)
-    fill_lora_sft(page, tiny_model, out)
+def points(page: Page) -> int:
+    return int(page.text("run-status").split(" loss points")[0].split()[-1])
 
+
+def preview_and_plan(page: Page) -> None:
     page.click("btn-preview-yaml")
-    text = page.wait(lambda: page.value("train-out"), 30, "the YAML")
-    shown = yaml.safe_load(text)
+    shown = yaml.safe_load(page.wait(lambda: page.value("train-out"), 30, "the YAML"))
     assert shown["dataset"] == "alpaca_en_demo" and shown["max_steps"] == 40 and shown["template"] == "qwen"
     assert shown["learning_rate"] == 0.01 and "stage" not in shown  # defaults are left to the schema
-
     page.click("btn-preview-data")
     report = page.wait(
         lambda: "trainable tokens" in page.value("train-out") and page.value("train-out"), 90, "report"
@@ -227,22 +223,24 @@ def test_lora_sft_start_stop_resume_chat_export(browser: Page, webui, tiny_model
     assert "alpaca_en_demo (dataset): 60 records, 60 kept, 0 dropped" in report
     assert page.css("#train-example .lm-trained").text.strip()  # the answer tokens, marked as trained
     page.shot("data_preview")
-
     page.click("btn-plan")
     table = page.wait(
         lambda: "recommendation" in page.value("train-out") and page.value("train-out"), 60, "plan"
     )
     assert "single" in table and "run plan" in table
     page.click("btn-apply")
-    page.wait_text("train-msg", "gradient_checkpointing")
+    assert "gradient_checkpointing: false" in page.wait_text("train-msg", "Applied")
+    page.click("btn-preview-yaml")
+    page.wait(
+        lambda: "gradient_checkpointing: false" in page.value("train-out"), 30, "the applied plan in the YAML"
+    )
     page.shot("train")
 
-    page.click("btn-start")
-    page.wait_text("run-status", "loss points", 120)
-    first = int(page.text("run-status").split(" loss points")[0].split()[-1])
-    page.wait(
-        lambda: int(page.text("run-status").split(" loss points")[0].split()[-1]) > first, 60, "more points"
-    )
+
+def start_stop_resume(page: Page, url: str, out: Path, share: Path) -> None:
+    page.click("btn-start")  # switches to the Runs tab
+    first = int(page.wait_text("run-status", "loss points", 120) and points(page))
+    page.wait(lambda: points(page) > first, 60, "the loss plot to get more points")
     status = page.text("run-status")
     assert "running" in status and "/40" in status and "ETA" in status and "tokens/s" in status, status
     page.click("btn-stop")
@@ -251,33 +249,51 @@ def test_lora_sft_start_stop_resume_chat_export(browser: Page, webui, tiny_model
     assert "stopped" in status and "step 40/40" not in status, status
     stopped_at = int(status.split("step ")[1].split("/")[0])
     assert (out / f"checkpoint-{stopped_at}").is_dir()
-
+    page.open(url)  # a new page: the run is found on disk, selected, with its progress
+    page.tab("runs")
+    assert f"step {stopped_at}/40" in page.wait_text("run-status", "exit code 143", 30)
+    assert page.value("run") == str(out)
     page.click("btn-resume")
     status = page.wait_text("run-status", "exit code 0", 180)
-    assert "finished" in status and "step 40/40" in status, status
-    (train_log,) = (tmp / "share" / "runs").glob("*/train.log")  # both starts, as the UI logged them
+    assert "finished" in status and "step 40/40" in status and points(page) >= 40 - stopped_at, status
+    (train_log,) = (share / "runs").glob("*/train.log")  # both starts, as the UI logged them
     assert f"resume_from_checkpoint: auto -> {out / f'checkpoint-{stopped_at}'}" in train_log.read_text()
     assert (out / "adapter_model.safetensors").is_file()
     page.shot("runs")
+    page.click("btn-to-form")  # the reopened page's form is empty: take the run's own YAML
+    page.wait_text("runs-msg", "fields set")
+    assert page.value("f-output_dir") == str(out)
 
+
+def chat_and_export(page: Page, model: Path, out: Path, export_dir: Path) -> None:
     page.tab("chat")
     page.click("btn-chat-load")
-    assert f"{tiny_model} + {out}" in page.wait_text("chat-status", "Loaded", 90)  # base + trained adapter
+    assert f"{model} + {out}" in page.wait_text("chat-status", "Loaded", 90)  # base + the trained adapter
     page.type("max_new_tokens", 8)
-    box = page.css("#chat-msg textarea, #chat-msg input")
-    box.send_keys("Hello")
+    page.css("#chat-msg textarea, #chat-msg input").send_keys("Hello")
     page.click("btn-send")
-    page.wait(lambda: len(page.d.find_elements(By.CSS_SELECTOR, "#chatbot .message")) >= 2, 60, "a reply")
+    messages = "#chatbot .message"
+    page.wait(lambda: len(page.d.find_elements(By.CSS_SELECTOR, messages)) >= 2, 60, "a reply")
+    page.wait(lambda: page.d.find_elements(By.CSS_SELECTOR, messages)[-1].text.strip(), 60, "reply text")
     page.shot("chat")
     page.click("btn-clear")
-    page.wait(lambda: not page.d.find_elements(By.CSS_SELECTOR, "#chatbot .message"), 20, "a cleared chat")
-
+    page.wait(lambda: not page.d.find_elements(By.CSS_SELECTOR, messages), 20, "a cleared chat")
     page.tab("export")
     page.type("export_dir", export_dir)
     page.click("btn-export")
     page.wait(lambda: "exported to" in page.value("export-out"), 120, "the export")
     assert (export_dir / "model.safetensors").is_file() and (export_dir / "Modelfile").is_file()
     page.shot("export")
+
+
+def test_lora_sft_start_stop_resume_chat_export(browser: Page, webui, tiny_model):
+    url, tmp, _ = webui
+    out = tmp / "saves" / "tiny-lora"
+    browser.open(url)
+    fill_lora_sft(browser, tiny_model, out)
+    preview_and_plan(browser)
+    start_stop_resume(browser, url, out, tmp / "share")
+    chat_and_export(browser, tiny_model, out, tmp / "exported")
 
 
 LF_YAML = """\
@@ -342,7 +358,10 @@ def test_lf_yaml_loads_and_saves_back_equal_in_meaning(browser: Page, webui, tin
     page.wait_text("train-msg", "Saved")
     original, again = yaml.safe_load(source.read_text()), yaml.safe_load(saved.read_text())
     assert build_config(original) == build_config(again)
-    assert list(again)[: len(original)] == list(original)  # every key kept, in the file's order
+    assert list(again) == list(original)  # every key kept, in the file's order, nothing added
+    page.type("lora_rank", 4)
+    page.css("#btn-upload input[type=file], input[type=file]").send_keys(str(saved))  # the upload path
+    page.wait(lambda: page.value("f-lora_rank") == "8", 30, "the uploaded YAML in the form")
 
     page.click("lang")  # the radio group: pick 中文
     page.d.find_element(By.XPATH, "//label[contains(., '中文')]").click()
