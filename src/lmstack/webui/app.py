@@ -103,12 +103,19 @@ def launch(
         auth=auth or None,
         share=False,
         inbrowser=False,
-        prevent_thread_lock=not block,
+        prevent_thread_lock=True,
         show_error=True,
+        quiet=True,
         ssr_mode=False,
         mcp_server=False,
         pwa=False,
         footer_links=[],
         css=CSS,
     )
+    login = f", login required ({len(auth)} user{'s' if len(auth) > 1 else ''})" if auth else ""
+    print(
+        f"lmstack webui on {demo.local_url} (runs tracked in {share_dir}{login}); Ctrl-C stops the UI, not its runs"
+    )
+    if block:
+        demo.block_thread()
     return demo
