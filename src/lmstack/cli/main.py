@@ -15,7 +15,7 @@ from lmstack.config.errors import LmstackError
 logger = logging.getLogger("lmstack")
 
 # Subcommands that live in their own module `lmstack.cli.<name>`, each with `register(subparsers)`.
-EXTRA_COMMANDS: tuple[str, ...] = ("check", "export", "chat", "api", "env")
+EXTRA_COMMANDS: tuple[str, ...] = ("check", "export", "chat", "api", "env", "webui")
 
 
 def setup_logging(verbose: bool = False) -> None:

@@ -1,0 +1,225 @@
+"""The web UI's parts that need no browser: the form generated from the schema and its YAML round trip,
+the run keeper and registry, progress read from trainer_log.jsonl, and `lmstack webui`'s checks."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import Field
+
+from lmstack.config import schema
+from lmstack.config.errors import ConfigError
+from lmstack.config.load import build_config
+from lmstack.webui import fields
+from lmstack.webui.fields import UNSET, field_specs, flat_to_form, form_to_flat, to_value, to_widget
+from lmstack.webui.runs import RunRegistry, read_trainer_log, tokens_per_second
+
+LF_YAML = """\
+model_name_or_path: Qwen/Qwen2.5-0.5B
+trust_remote_code: true
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+dataset: identity,alpaca_en_demo
+template: qwen
+cutoff_len: 2048
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+output_dir: saves/qwen/lora/sft
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+report_to: none
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+resume_from_checkpoint: null
+save_strategy: no
+packing: false
+quantization_bit: 4
+fsdp_config: {version: 2}
+interleave_probs: 0.7,0.3
+hf_hub_token: hf_secret_value_for_the_test
+"""
+
+
+def defaults() -> list:
+    return [to_widget(s, s.default) for s in field_specs()]
+
+
+def test_every_schema_field_is_a_form_field_with_its_kind_and_choices():
+    specs = {s.name: s for s in field_specs()}
+    assert set(specs) == {n for cls in schema.SECTIONS.values() for n in cls.model_fields}
+    assert specs["stage"].kind == "choice" and specs["stage"].choices[:2] == ("pt", "sft")
+    assert specs["gradient_checkpointing"].choices == (True, False, "auto")
+    assert specs["quantization_bit"].choices == (4, 8, None) and specs["quantization_bit"].nullable
+    assert specs["per_device_train_batch_size"].kind == "yaml"  # int | auto
+    assert specs["hf_hub_token"].kind == "secret" and specs["dataset"].kind == "datasets"
+    assert specs["learning_rate"].kind == "float" and specs["learning_rate"].default == 5e-5
+    assert specs["model_name_or_path"].required and "required" in specs["model_name_or_path"].description
+
+
+def test_a_field_added_to_the_schema_appears_in_the_form(monkeypatch):
+    class Data(schema.DataArgs):
+        new_knob: int = Field(3, description="A knob added later.")
+
+    monkeypatch.setitem(fields.SECTIONS, "data", Data)
+    spec = next(s for s in field_specs() if s.name == "new_knob")
+    assert (spec.section, spec.kind, spec.default, spec.description) == (
+        "data",
+        "int",
+        3,
+        "A knob added later.",
+    )
+
+
+def test_an_untouched_form_writes_only_what_the_user_set():
+    assert form_to_flat(field_specs(), defaults()) == {}  # required fields left empty are not written
+    raw = defaults()
+    names = [s.name for s in field_specs()]
+    raw[names.index("lora_rank")] = 16
+    raw[names.index("learning_rate")] = "1e-4"
+    raw[names.index("dataset")] = ["identity", "alpaca_en_demo"]
+    raw[names.index("save_strategy")] = "no"
+    flat = form_to_flat(field_specs(), raw)
+    assert flat == {
+        "dataset": "identity,alpaca_en_demo",
+        "lora_rank": 16,
+        "learning_rate": 1e-4,
+        "save_strategy": "no",
+    }
+
+
+def test_lf_yaml_round_trips_through_the_form_equal_in_meaning_and_order():
+    original = yaml.safe_load(LF_YAML)
+    values, keep = flat_to_form(field_specs(), original)
+    names = [s.name for s in field_specs()]
+    assert values[names.index("save_strategy")] == "no"  # YAML's `no` (a bool) shown as the word
+    assert values[names.index("learning_rate")] == "0.0001" and values[names.index("template")] == "qwen"
+    again = yaml.safe_load(fields.to_yaml(form_to_flat(field_specs(), values, keep)))
+    assert build_config(original) == build_config(again)
+    assert list(again) == list(original)  # every key the file set, in its order, and nothing else
+
+
+def test_widget_values_that_cannot_be_a_field_value_name_the_field():
+    specs = {s.name: s for s in field_specs()}
+    with pytest.raises(ConfigError, match="max_steps: got '1.5'; expected a whole number"):
+        to_value(specs["max_steps"], "1.5")
+    with pytest.raises(ConfigError, match="learning_rate: got 'fast'; expected a number"):
+        to_value(specs["learning_rate"], "fast")
+    with pytest.raises(ConfigError, match=r"stage: got 'sf'; allowed: pt \| sft"):
+        to_value(specs["stage"], "sf")
+    assert to_value(specs["template"], UNSET) is None and to_value(specs["max_samples"], "") is None
+    assert to_value(specs["per_device_train_batch_size"], "auto") == "auto"
+
+
+def test_unknown_fields_in_a_loaded_yaml_are_refused_with_trains_error():
+    with pytest.raises(ConfigError, match="lora_rnk: unknown field.*lora_rank"):
+        flat_to_form(field_specs(), {**yaml.safe_load(LF_YAML), "lora_rnk": 4})
+
+
+def test_keeper_forwards_sigterm_once_and_records_the_exit_code(tmp_path):
+    script = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+        "open(sys.argv[1], 'w').write('up')\n"
+        "time.sleep(60)\n"
+    )
+    flag = tmp_path / "up"
+    keeper = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lmstack.webui.child",
+            str(tmp_path),
+            "--",
+            sys.executable,
+            "-c",
+            script,
+            str(flag),
+        ]
+    )
+    deadline = time.time() + 30
+    while not flag.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    keeper.send_signal(signal.SIGTERM)
+    assert keeper.wait(timeout=30) == 143
+    assert (tmp_path / "exit_code").read_text() == "143"
+    child = int((tmp_path / "child.pid").read_text())
+    assert child != keeper.pid
+
+
+def test_registry_tells_finished_stopped_and_lost_runs_apart(tmp_path):
+    registry = RunRegistry(tmp_path / "share")
+    for name, code in (("done", "0"), ("stopped", "143"), ("broken", "2"), ("lost", None)):
+        run = registry.run_dir(str(tmp_path / name))
+        run.mkdir(parents=True)
+        meta = {
+            "output_dir": str(tmp_path / name),
+            "started": time.time(),
+            "pid": 2**22 + 17,
+            "pid_start": "1",
+        }
+        (run / "run.json").write_text(json.dumps(meta))
+        if code is not None:
+            (run / "exit_code").write_text(code)
+    states = {Path(r["output_dir"]).name: r["state"] for r in registry.list_runs()}
+    assert states == {"done": "finished", "stopped": "stopped", "broken": "failed", "lost": "lost"}
+    assert registry.state(str(tmp_path / "never")) == ("none", None)
+    assert not registry.stop(str(tmp_path / "stopped"))
+
+
+def test_progress_from_trainer_log_survives_a_partial_line_and_a_resume(tmp_path):
+    records = [
+        {"current_steps": 1, "total_steps": 10, "loss": 3.0, "elapsed_time": "0:00:01", "total_tokens": 100},
+        {"current_steps": 2, "total_steps": 10, "loss": 2.5, "elapsed_time": "0:00:03", "total_tokens": 300},
+        # resumed: elapsed restarts, tokens keep counting from the checkpoint
+        {"current_steps": 3, "total_steps": 10, "loss": 2.0, "elapsed_time": "0:00:01", "total_tokens": 400},
+        {"current_steps": 4, "total_steps": 10, "loss": 1.5, "elapsed_time": "0:00:05", "total_tokens": 1200},
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in records) + '{"current_steps": 5, "los'
+    (tmp_path / "trainer_log.jsonl").write_text(text)
+    got = read_trainer_log(tmp_path)
+    assert [r["current_steps"] for r in got] == [1, 2, 3, 4]
+    assert tokens_per_second(got) == 200.0  # (1200 - 400) tokens in 4 s of the latest start
+    view = RunRegistry(tmp_path / "share").view(str(tmp_path))
+    assert (view.state, view.step, view.total, view.loss[-1]) == ("none", 4, 10, (4, 1.5))
+
+
+def test_webui_refuses_an_open_address_without_a_login_and_names_the_extra(monkeypatch, tmp_path):
+    from lmstack.cli import webui
+    from lmstack.cli.main import build_parser
+
+    args = build_parser().parse_args(["webui", "--host", "0.0.0.0"])
+    with pytest.raises(ConfigError, match="--host 0.0.0.0: not a loopback address.*--auth user:password"):
+        args.func(args)
+    users = tmp_path / "users"
+    users.write_text("# logins\n\nalice:pa:ss\n")
+    assert webui.parse_auth(None, str(users)) == [("alice", "pa:ss")]
+    webui.check_bind("0.0.0.0", [("alice", "pa:ss")])
+    webui.check_bind("127.0.0.2", [])
+    users.write_text("alice\n")
+    with pytest.raises(ConfigError, match="line 1: expected user:password"):
+        webui.parse_auth(None, str(users))
+    monkeypatch.setitem(sys.modules, "gradio", None)  # as if the extra were not installed
+    args = build_parser().parse_args(["webui"])
+    with pytest.raises(
+        ConfigError, match=r"needs Gradio, which is not installed: pip install 'lmstack\[webui\]'"
+    ):
+        args.func(args)
