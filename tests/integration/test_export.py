@@ -197,7 +197,10 @@ def test_full_reexport_casts_and_keeps_the_value_head(tiny_model, tmp_path):
         ),
         ({"infer_dtype": "fp8"}, r"infer_dtype: got 'fp8'; allowed: auto \| float16 \| bfloat16 \| float32"),
         ({"template": "qwne"}, r"template: got 'qwne'.*did you mean 'qwen'"),
-        ({"export_quantization_bit": 4}, r"export_quantization_bit: a LLaMA-Factory field lmstack does not"),
+        (
+            {"export_quantization_bit": 4},
+            r"export_quantization_bit: LLaMA-Factory.s .export_quantization_bit: 4. \(GPTQ quantization at export\) is not available in lmstack",
+        ),
         ({"quantization_bit": 4}, r"quantization_bit: got 4; chat/api/export load the base unquantized"),
     ],
 )
