@@ -40,7 +40,7 @@ SLOT_KEYS = (
 )
 PAIR_KEYS = ("thought_words", "tool_call_words")
 NOT_IN_YAML = {"thinking_style"}  # set from the config by get_template
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader when built, else the pure one
 
 
 def _folder():
@@ -92,7 +92,7 @@ def from_data(data: dict) -> Template:
 
 @cache
 def _load(name: str) -> Template:
-    data = yaml.load(_folder().joinpath(f"{name}.yaml").read_text(encoding="utf-8"), Loader=_LOADER)
+    data = yaml.load(_folder().joinpath(f"{name}.yaml").read_text(encoding="utf-8"), Loader=_SafeLoader)
     if data.get("name") != name:
         raise ValueError(f"builtin/{name}.yaml: name must be {name!r}, got {data.get('name')!r}")
     return from_data(data)
