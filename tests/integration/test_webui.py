@@ -193,18 +193,23 @@ def webui(tmp_path_factory):
     stop_process(proc)
 
 
+# long enough that Stop lands mid-run on an idle machine too (the tiny model runs ~70 steps/s there),
+# short enough to resume to the end within the test's waits on a loaded one (~3 steps/s)
+STEPS = 300
+
+
 def fill_lora_sft(page: Page, model: Path, out: Path) -> None:
     page.type("model_name_or_path", model)
     page.pick("template", "qwen")
     page.type("dataset_dir", DATA_DIR)
     page.pick("dataset", "alpaca_en_demo")
     page.type("output_dir", out)
-    page.type("max_steps", 40)
+    page.type("max_steps", STEPS)
     page.type("per_device_train_batch_size", 2)
     page.type("cutoff_len", 128)
     page.type("learning_rate", "1e-2")
     page.type("logging_steps", 1)
-    page.type("save_steps", 1000)
+    page.type("save_steps", 10)
 
 
 def points(page: Page) -> int:
@@ -214,7 +219,9 @@ def points(page: Page) -> int:
 def preview_and_plan(page: Page) -> None:
     page.click("btn-preview-yaml")
     shown = yaml.safe_load(page.wait(lambda: page.value("train-out"), 30, "the YAML"))
-    assert shown["dataset"] == "alpaca_en_demo" and shown["max_steps"] == 40 and shown["template"] == "qwen"
+    assert (
+        shown["dataset"] == "alpaca_en_demo" and shown["max_steps"] == STEPS and shown["template"] == "qwen"
+    )
     assert shown["learning_rate"] == 0.01 and "stage" not in shown  # defaults are left to the schema
     page.click("btn-preview-data")
     report = page.wait(
@@ -244,20 +251,22 @@ def start_stop_resume(page: Page, url: str, out: Path, share: Path) -> None:
         lambda: points(page) > first, 150, "the loss plot to get more points"
     )  # a loaded 2-core box is slow
     status = page.text("run-status")
-    assert "running" in status and "/40" in status and "ETA" in status and "tokens/s" in status, status
+    assert "running" in status and f"/{STEPS}" in status and "ETA" in status and "tokens/s" in status, status
     page.click("btn-stop")
     page.wait_text("runs-msg", "SIGTERM")
     status = page.wait_text("run-status", "exit code 143", 120)
-    assert "stopped" in status and "step 40/40" not in status, status
+    assert "stopped" in status and f"step {STEPS}/{STEPS}" not in status, status
     stopped_at = int(status.split("step ")[1].split("/")[0])
     assert (out / f"checkpoint-{stopped_at}").is_dir()
     page.open(url)  # a new page: the run is found on disk, selected, with its progress
     page.tab("runs")
-    assert f"step {stopped_at}/40" in page.wait_text("run-status", "exit code 143", 30)
+    assert f"step {stopped_at}/{STEPS}" in page.wait_text("run-status", "exit code 143", 30)
     assert page.value("run") == str(out)
     page.click("btn-resume")
-    status = page.wait_text("run-status", "exit code 0", 180)
-    assert "finished" in status and "step 40/40" in status and points(page) >= 40 - stopped_at, status
+    status = page.wait_text("run-status", "exit code 0", 300)
+    assert (
+        "finished" in status and f"step {STEPS}/{STEPS}" in status and points(page) >= STEPS - stopped_at
+    ), status
     (train_log,) = (share / "runs").glob("*/train.log")  # both starts, as the UI logged them
     assert f"resume_from_checkpoint: auto -> {out / f'checkpoint-{stopped_at}'}" in train_log.read_text()
     assert (out / "adapter_model.safetensors").is_file()
