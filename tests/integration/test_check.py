@@ -96,6 +96,21 @@ def test_check_clean_data_strict_passes_and_shows_the_trained_tokens(base_cfg, t
     assert f"\033[1;32m{first_answer}<|im_end|>\n\033[0m" in coloured and "«" not in coloured
 
 
+def test_check_without_output_dir_runs_from_the_folder_holding_the_data(
+    base_cfg, tmp_path, capsys, monkeypatch
+):
+    """LF users run from their repo root, where data/ lives: with no output_dir the report goes to the
+    current folder, and no training output is guarded there (the overlap check refused this)."""
+    data = tmp_path / "data"
+    shutil.copytree(REPO / "data", data)
+    monkeypatch.chdir(tmp_path)
+    cfg = {k: v for k, v in base_cfg.items() if k != "output_dir"}
+    cfg.update(dataset="identity", dataset_dir="data")
+    assert main(["check", str(write_cfg(tmp_path, cfg))]) == 0
+    assert json.loads((tmp_path / "data_report.json").read_text())["datasets"][0]["kept"] == 20
+    assert not (tmp_path / "unused-by-inference").exists()  # the placeholder is never created
+
+
 def test_check_refuses_multimodal_columns_naming_the_column(base_cfg, weightless_model, tmp_path, capsys):
     """LF's mllm_demo entry: before, `<image>` was trained as text and check reported 0 problems."""
     cfg = {**base_cfg, "model_name_or_path": str(weightless_model), "dataset": "mllm_demo"}

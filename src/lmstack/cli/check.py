@@ -27,8 +27,11 @@ def run_check(config: str | None, overrides: list[str] | dict | None = None) -> 
 
     flat = load_yaml(config) if config is not None else {}
     flat.update(overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or [])))
-    out_dir = Path(flat["output_dir"]) if flat.get("output_dir") else Path.cwd()
-    flat.setdefault("output_dir", str(out_dir))  # check never writes anything else there
+    out_dir = Path(flat["output_dir"]) if flat.get("output_dir") else Path.cwd()  # where the report goes
+    if not flat.get("output_dir"):  # no training output to guard: the run plan gets a name no folder has
+        from lmstack.infer.trained import NO_OUTPUT_DIR
+
+        flat["output_dir"] = NO_OUTPUT_DIR
     cfg = build_config(flat)
     from lmstack.train.run import plan_run
 
