@@ -14,12 +14,9 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from lmstack.config.errors import ConfigError
+from lmstack.launch.context import _true
 
 logger = logging.getLogger(__name__)
-
-
-def _true(value: str | None) -> bool:
-    return str(value).strip().lower() in ("1", "true", "yes")
 
 
 def fsdp_requested(env: Mapping[str, str] | None = None) -> bool:

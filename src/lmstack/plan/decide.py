@@ -76,12 +76,17 @@ def precision(
 CHECKPOINT_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
+def _config_json(cfg: Config) -> dict | None:
+    """The model folder's config.json (None for a hub id or an unreadable file)."""
+    try:
+        return json.loads((Path(cfg.model.model_name_or_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def checkpoint_dtype(cfg: Config) -> str:
     """The dtype the model's config.json declares (fp32 when it names none)."""
-    try:
-        data = json.loads((Path(cfg.model.model_name_or_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return "fp32"
+    data = _config_json(cfg) or {}
     return CHECKPOINT_DTYPES.get(str(data.get("dtype") or data.get("torch_dtype") or "float32"), "fp32")
 
 
@@ -229,13 +234,12 @@ def liger(cfg: Config, ctx: LaunchContext, dev: str) -> Reasoned:
 
 
 def _model_type(cfg: Config) -> str | None:
-    path = Path(cfg.model.model_name_or_path) / "config.json"
-    try:
-        return json.loads(path.read_text()).get("model_type")
-    except (OSError, ValueError):
-        from transformers import AutoConfig
+    data = _config_json(cfg)
+    if data is not None:
+        return data.get("model_type")
+    from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(cfg.model.model_name_or_path).model_type
+    return AutoConfig.from_pretrained(cfg.model.model_name_or_path).model_type
 
 
 LOGIT_LOSSES = ("use_dft_loss", "use_eaft_loss", "use_asft_loss")  # token weights from the whole distribution

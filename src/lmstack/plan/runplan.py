@@ -15,7 +15,7 @@ from typing import Any
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
-from lmstack.config.stages import StageSpec, stage_spec
+from lmstack.config.stages import STAGE_SPECS, StageSpec, stage_spec
 from lmstack.launch.context import LaunchContext
 from lmstack.plan import decide
 
@@ -218,9 +218,9 @@ def _resolve(cfg: Config, ctx: LaunchContext, resolve_auto: bool) -> RunPlan:
 
 def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     t = cfg.training
-    if cfg.finetuning.stage not in _stages():
+    if cfg.finetuning.stage not in STAGE_SPECS:
         raise ConfigError(
-            f"stage: {cfg.finetuning.stage!r} is not implemented; available: {' | '.join(_stages())}"
+            f"stage: {cfg.finetuning.stage!r} is not implemented; available: {' | '.join(STAGE_SPECS)}"
         )
     spec = stage_spec(cfg.finetuning.stage)
     dev, dev_why = decide.device(cfg, ctx)
@@ -266,9 +266,3 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
 
 
 _AUTO = ("deepspeed", "per_device_train_batch_size", "gradient_checkpointing")
-
-
-def _stages() -> tuple[str, ...]:
-    from lmstack.config.stages import STAGE_SPECS
-
-    return tuple(STAGE_SPECS)
