@@ -4,6 +4,9 @@
 #             pure-Python wheel with DS_BUILD_OPS=0, hjson)        ~8 MB
 #   .whl/bnb  bitsandbytes, slimmed to its CUDA 13 + CPU libraries (~7 MB)
 #   .whl/lf, .whl/liger  LLaMA-Factory 0.9.5 and its pins (bench/lf/fetch_lf_wheels.sh)
+#   .whl/uns  Unsloth 2026.10.9 and its pins (../shared/bench/unsloth/wheels.txt; its web-app `studio/`
+#             dropped: 27 -> 2 MiB); installed with .whl/bnb and .whl/ao in its own --target   ~11 MB
+#   .whl/ao   torchao 0.17.0 (torch 2.11 on the device): lmstack's fp8 and Unsloth's pin      ~3 MB
 # Run from the repo root on this (CPU) machine: bash bench/fetch_wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,5 +29,13 @@ if ! ls .whl/lm/deepspeed-*.whl >/dev/null 2>&1; then
     -w "$OLDPWD"/.whl/lm .)
   rm -rf "$tmp"
 fi
+mkdir -p .whl/uns .whl/ao
+python3 -m pip download -q $P -d .whl/ao torchao==0.17.0
+python3 -m pip download -q $P -d .whl/uns unsloth==2026.10.9 unsloth_zoo==2026.10.9 trl==1.15.0 datasets==4.8.5 \
+  cut_cross_entropy==25.1.1 dill==0.3.8 multiprocess==0.70.16 docstring_parser==0.18.0 fsspec==2026.2.0 \
+  json5==0.17.3 msgspec==0.23.0 nest_asyncio==1.6.0 pydantic==2.14.4 pydantic-core==2.50.5 shtab==1.13.0 \
+  structlog==26.1.0 typeguard==4.6.1 typing_extensions==4.16.0 typing-inspection==0.4.5 tyro==1.0.17 \
+  annotated-types==0.8.0
+python3 bench/tools/slim_wheel.py .whl/uns/unsloth-2026.10.9-py3-none-any.whl --drop-prefix studio/
 bash bench/lf/fetch_lf_wheels.sh
 du -sh .whl/*
