@@ -10,6 +10,7 @@ from typing import Any
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
+from lmstack.models import unsloth_model
 
 logger = logging.getLogger(__name__)
 LAYER_RE = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
@@ -119,16 +120,21 @@ def apply_lora(cfg: Config, model: Any, is_trainable: bool = True) -> Any:
         model = PeftModel.from_pretrained(model, adapters[-1], is_trainable=is_trainable)
         logger.info("resumed adapter %s", adapters[-1])
         return model
-    config = LoraConfig(
-        task_type="CAUSAL_LM",
+    common = dict(
         r=ft.lora_rank,
         lora_alpha=ft.lora_alpha or 2 * ft.lora_rank,
         lora_dropout=ft.lora_dropout,
         target_modules=_adapter_targets(cfg, model, "lora_target"),
         use_rslora=ft.use_rslora,
+        modules_to_save=_modules_to_save(cfg),
+    )
+    if unsloth_model.is_unsloth(model):  # the run plan loaded it through Unsloth: its LoRA kernels too
+        return unsloth_model.peft_model(model, common, cfg.training.seed)
+    config = LoraConfig(
+        task_type="CAUSAL_LM",
         use_dora=ft.use_dora,
         init_lora_weights=_init_lora_weights(cfg),
-        modules_to_save=_modules_to_save(cfg),
+        **common,
     )
     return get_peft_model(model, config)
 
@@ -221,7 +227,9 @@ def setup_finetuning(cfg: Config, model: Any, lora_kernel: str = "peft") -> Any:
         model = apply_lora(cfg, model)
         from lmstack.models.kernels import cast_adapters_to_base_dtype
 
-        if cast_adapters_to_base_dtype(model):  # PEFT keeps fp32 adapters on a bf16 base: 1.4-1.55x slower
+        if not unsloth_model.is_unsloth(model) and cast_adapters_to_base_dtype(
+            model
+        ):  # PEFT keeps fp32 adapters on a bf16 base: 1.4-1.55x slower
             logger.info("LoRA adapters kept in bf16 like the frozen base")
         if lora_kernel == "fused":
             fuse_lora_layers(cfg, model)

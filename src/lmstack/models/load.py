@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,12 @@ class ModelLoadSpec:
     resize_vocab: bool = False
     upcast_layernorm: bool = False  # norm weights kept in fp32 (LF: for quantized / half-precision bases)
     seed: int = 42
+    unsloth: bool = False  # load through Unsloth's FastLanguageModel (the plan's use_unsloth decision)
+    max_seq_length: int = 2048  # Unsloth's max_seq_length (cutoff_len)
+    full_finetuning: bool = False  # Unsloth's full_finetuning
+    checkpointing: bool = False  # the plan's checkpointing (Unsloth applies its own at load)
+    quantization_bit: int | None = None  # Unsloth's load_in_4bit / load_in_8bit
+    device_index: int = 0  # Unsloth's device_map {"": device_index}
 
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -129,6 +135,13 @@ def load_model(spec: ModelLoadSpec, tokenizer: Any) -> Any:
     dtype = torch_dtype(spec.load_dtype)
     config = AutoConfig.from_pretrained(spec.path, **spec.hub)
     config.use_cache = False  # training: a KV cache object disables packed-sequence detection
+    if spec.unsloth:
+        from lmstack.models import unsloth_model
+
+        model = unsloth_model.load(spec, torch_dtype(spec.compute_dtype))
+        if model is not None:
+            return model
+        spec = replace(spec, unsloth=False)
     if spec.train_from_scratch:
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=spec.attention)
     else:

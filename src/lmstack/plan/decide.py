@@ -245,10 +245,40 @@ def _model_type(cfg: Config) -> str | None:
 LOGIT_LOSSES = ("use_dft_loss", "use_eaft_loss", "use_asft_loss")  # token weights from the whole distribution
 
 
+UNSLOTH_STAGES = ("pt", "sft")  # the stages whose model lmstack loads through Unsloth (use_unsloth)
+UNSLOTH_METHODS = ("lora", "full")  # LoRA / QLoRA and Unsloth's full_finetuning
+
+
+def unsloth(cfg: Config, ctx: LaunchContext, dev: str, distributed: str | None) -> Reasoned:
+    """Whether the model loads through Unsloth's FastLanguageModel (use_unsloth). `distributed` names
+    the multi-process / sharded setup if any: Unsloth OSS is single-GPU, so there the run continues
+    without it (seed 003 10.4 / 10.7: the documented fallback, said once). What it cannot do at all
+    (no CUDA, the package missing, a stage or method it has no path for) plan/rules.py refuses."""
+    if not cfg.model.use_unsloth:
+        return False, "use_unsloth: false"
+    if distributed:
+        return False, (
+            f"use_unsloth: ignored, Unsloth OSS runs on one GPU and this run uses {distributed}; "
+            "training continues with lmstack's own kernels"
+        )
+    if dev != "cuda":
+        return False, "use_unsloth: needs a CUDA GPU"
+    return (
+        True,
+        "use_unsloth: true, the model loads through Unsloth's FastLanguageModel (its kernels and LoRA)",
+    )
+
+
 def loss_kernel(
-    spec: StageSpec, use_liger: bool, zero_stage: int | None, cfg: Config | None = None
+    spec: StageSpec,
+    use_liger: bool,
+    zero_stage: int | None,
+    cfg: Config | None = None,
+    use_unsloth: bool = False,
 ) -> Reasoned:
     """liger | chunked | none: how the training loss is computed."""
+    if use_unsloth:
+        return "none", "Unsloth's model forward computes its own fused cross-entropy"
     if not spec.fused_ce:
         return "none", f"stage {spec.name} needs the logits (its loss is not a plain token CE)"
     custom = [name for name in LOGIT_LOSSES if cfg is not None and getattr(cfg.finetuning, name)]

@@ -9,6 +9,7 @@ import importlib.metadata
 from collections.abc import Callable
 
 from lmstack.config.errors import ConfigError
+from lmstack.plan.decide import UNSLOTH_METHODS, UNSLOTH_STAGES
 from lmstack.plan.runplan import RunPlan
 
 BNB_MIN_FOR_ZERO3 = (0, 43, 0)
@@ -25,12 +26,46 @@ FSDP_WORDS = (
 Rule = Callable[[RunPlan], str | None]
 
 
-def unsloth_unavailable(plan: RunPlan) -> str | None:
-    if plan.cfg.model.use_unsloth:
+def unsloth_supported(plan: RunPlan) -> str | None:
+    """use_unsloth on what Unsloth has a path for in lmstack: pt/sft, LoRA (QLoRA 4/8-bit) or full."""
+    cfg = plan.cfg
+    if not cfg.model.use_unsloth:
+        return None
+    problems = []
+    if cfg.finetuning.stage not in UNSLOTH_STAGES:
+        problems.append(
+            f"stage {cfg.finetuning.stage} (lmstack loads through Unsloth for {'/'.join(UNSLOTH_STAGES)})"
+        )
+    if cfg.finetuning.finetuning_type not in UNSLOTH_METHODS:
+        problems.append(f"finetuning_type {cfg.finetuning.finetuning_type} (Unsloth trains LoRA or full)")
+    if cfg.finetuning.use_dora:
+        problems.append("use_dora (Unsloth's LoRA kernels are plain LoRA)")
+    if cfg.model.adapter_name_or_path:
+        problems.append("adapter_name_or_path (lmstack starts Unsloth's LoRA fresh)")
+    if cfg.model.train_from_scratch:
+        problems.append("train_from_scratch (Unsloth loads pretrained weights)")
+    if problems:
         raise ConfigError(
-            "use_unsloth: LLaMA-Factory's Unsloth path is not available in lmstack (Unsloth pins trl, "
-            "datasets and transformers versions lmstack cannot share); remove use_unsloth — lmstack's own "
-            "fused kernels (packing with a document mask, chunked cross-entropy, bf16 adapters) are on by default"
+            "use_unsloth: true does not support "
+            + "; ".join(problems)
+            + ". Remove use_unsloth (lmstack's own "
+            "kernels run instead) or change those fields"
+        )
+    return None
+
+
+def unsloth_installed(plan: RunPlan) -> str | None:
+    """This machine can run Unsloth: the package and a CUDA GPU (the multi-GPU fallback needs neither)."""
+    if not plan.cfg.model.use_unsloth or plan.reasons.get("unsloth", "").startswith("use_unsloth: ignored"):
+        return None
+    if plan.device != "cuda":
+        raise ConfigError(
+            "use_unsloth: true needs a CUDA GPU (Unsloth's kernels are Triton); remove use_unsloth"
+        )
+    if not plan.ctx.has("unsloth"):
+        raise ConfigError(
+            "use_unsloth: true needs the unsloth package, which is not installed: pip install unsloth "
+            "(it pins its own trl/datasets/transformers versions), or remove use_unsloth"
         )
     return None
 
@@ -195,7 +230,7 @@ RULES: list[Rule] = [
     sharded_asft_reference,
     padding_in_the_loss,
     upcast_layernorm,
-    unsloth_unavailable,
+    unsloth_supported,
     fsdp_with_deepspeed,
     fsdp_field,
     qlora_with_zero3,
@@ -204,7 +239,7 @@ RULES: list[Rule] = [
 ]
 # rules about this machine and this launch: `lmstack train` applies them, `lmstack check` (which may
 # run on another machine than the job) does not
-LAUNCH_RULES: list[Rule] = [fsdp_processes, deepspeed_installed]
+LAUNCH_RULES: list[Rule] = [fsdp_processes, deepspeed_installed, unsloth_installed]
 
 
 def check_rules(plan: RunPlan, launch: bool = True) -> tuple[list[str], list[str]]:

@@ -50,6 +50,7 @@ class RunPlan:
     split_long_texts: bool  # pt on packed rows: long texts become cutoff_len pieces (nothing dropped)
     attention: str  # transformers' attn_implementation
     liger: bool
+    unsloth: bool  # the model loads through Unsloth's FastLanguageModel (use_unsloth)
     loss_kernel: str  # liger | chunked | none
     lora_kernel: str  # fused | peft: how LoRA Linear layers compute
     deepspeed: DeepSpeedPlan | None
@@ -92,6 +93,12 @@ class RunPlan:
             attention=self.attention,
             liger=self.liger,
             liger_fused_ce=self.loss_kernel == "liger",
+            unsloth=self.unsloth and path is None,
+            max_seq_length=self.cfg.data.cutoff_len,
+            full_finetuning=self.cfg.finetuning.finetuning_type == "full",
+            checkpointing=self.checkpointing,
+            quantization_bit=m.quantization_bit,
+            device_index=self.ctx.local_rank,
             quantization=quant,
             device_map=quantized_device_map(m.quantization_bit, self.sharded, self.ctx.local_rank),
             train_from_scratch=m.train_from_scratch and path is None,
@@ -128,6 +135,7 @@ class RunPlan:
             "split_long_texts": self.split_long_texts,
             "attention": self.attention,
             "liger": self.liger,
+            "unsloth": self.unsloth,
             "loss_kernel": self.loss_kernel,
             "lora_kernel": self.lora_kernel,
             "zero_stage": self.zero_stage,
@@ -231,13 +239,33 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     packed, reasons["packing"] = decide.packing(cfg, spec)
     attn, reasons["attention"] = decide.attention(cfg, ctx, dev, packed)
     use_liger, reasons["liger"] = decide.liger(cfg, ctx, dev)
-    if cfg.model.enable_liger_kernel and not use_liger:
-        notes.append(reasons["liger"])
     ds = deepspeed_plan(t.deepspeed if t.deepspeed != "auto" else None, t.bf16, t.fp16)
     zero = None if ds is None else ds.zero_stage
+    distributed = (
+        f"DeepSpeed ZeRO-{zero}"
+        if ds is not None
+        else "FSDP"
+        if fsdp is not None
+        else f"{world} processes"
+        if world > 1
+        else None
+    )
+    use_unsloth, reasons["unsloth"] = decide.unsloth(cfg, ctx, dev, distributed)
+    if cfg.model.use_unsloth and not use_unsloth and distributed:
+        notes.append(reasons["unsloth"])
+    if use_unsloth and use_liger:  # seed 003 10.7: both patch the same modules; Unsloth's kernels win
+        use_liger = False
+        reasons["liger"] = (
+            "enable_liger_kernel: off, use_unsloth patches the same modules with its own kernels"
+        )
+        notes.append(reasons["liger"])
+    if use_unsloth:
+        reasons["attention"] = "Unsloth's own attention dispatch (flash_attn is taken over by Unsloth)"
+    if cfg.model.enable_liger_kernel and not use_liger and not use_unsloth:
+        notes.append(reasons["liger"])
     prec = decide.precision(cfg, ctx, dev, spec, zero, fsdp is not None)
     reasons["precision"] = prec.reason
-    kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero, cfg)
+    kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero, cfg, use_unsloth)
     lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero)
     ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
     micro = t.per_device_train_batch_size
@@ -253,6 +281,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         split_long_texts=packed and spec.data == "text",
         attention=attn,
         liger=use_liger,
+        unsloth=use_unsloth,
         loss_kernel=kernel,
         lora_kernel=lora,
         deepspeed=ds,

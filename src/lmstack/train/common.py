@@ -98,6 +98,12 @@ def enable_gradient_checkpointing(plan: RunPlan, model: Any) -> None:
     """Recompute activations in backward when the plan says so (auto already resolved there)."""
     if not plan.checkpointing:
         return
+    if plan.unsloth:
+        from lmstack.models.unsloth_model import is_unsloth
+
+        if is_unsloth(model):
+            logger.info("gradient checkpointing: Unsloth's own (activations offloaded to CPU), set at load")
+            return
     cfg = plan.cfg
     # transformers >= 5.2x renamed it activation_checkpointing_enable; older 5.x only has the old name
     kwargs = checkpoint_kwargs(cfg)

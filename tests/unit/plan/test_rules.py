@@ -25,10 +25,60 @@ def problems(base_cfg, ctx=CPU, launch=False, **over) -> list[str]:
     return check_rules(RunPlan.resolve(build_config({**base_cfg, **over}), ctx), launch)[1]
 
 
-def test_unsloth_is_refused_with_the_reason_everywhere(base_cfg):
-    for extra in ({}, {"deepspeed": str(Z2)}, {"enable_liger_kernel": True}):
-        found = problems(base_cfg, use_unsloth=True, **extra)
-        assert len(found) == 1 and "use_unsloth: LLaMA-Factory's Unsloth path is not available" in found[0]
+GPU = replace(CPU, cuda=True, gpu_count=1, gpu_memory_gib=140.0, bf16_supported=True)
+GPU_UNSLOTH = replace(GPU, packages=frozenset({"unsloth", "liger_kernel", "deepspeed"}))
+
+
+def test_unsloth_needs_this_machine_to_have_a_gpu_and_the_package(base_cfg):
+    # `check` (launch=False) may run on another machine than the job: no machine facts there
+    assert problems(base_cfg, use_unsloth=True) == []
+    found = problems(base_cfg, launch=True, use_unsloth=True)
+    assert len(found) == 1 and "use_unsloth: true needs a CUDA GPU" in found[0]
+    found = problems(base_cfg, GPU, launch=True, use_unsloth=True)
+    assert (
+        len(found) == 1
+        and "needs the unsloth package, which is not installed: pip install unsloth" in found[0]
+    )
+    assert problems(base_cfg, GPU_UNSLOTH, launch=True, use_unsloth=True) == []
+
+
+def test_unsloth_on_a_gpu_is_one_decision_every_part_reads(base_cfg):
+    plan = RunPlan.resolve(
+        build_config({**base_cfg, "use_unsloth": True, "enable_liger_kernel": True}), GPU_UNSLOTH
+    )
+    assert plan.unsloth and plan.model_spec().unsloth
+    assert plan.loss_kernel == "none" and "Unsloth" in plan.reasons["loss_kernel"]
+    assert plan.lora_kernel == "peft"  # Unsloth's own LoRA kernels, not lmstack's fused one
+    assert not plan.liger and any("use_unsloth patches the same modules" in n for n in plan.notes)
+    assert "Unsloth" in plan.reasons["attention"]
+    spec = plan.model_spec()
+    assert (spec.max_seq_length, spec.full_finetuning) == (base_cfg["cutoff_len"], False)
+    # a frozen model from another path (a reference / reward model) never goes through Unsloth
+    assert not plan.model_spec(path="/elsewhere").unsloth
+    off = RunPlan.resolve(build_config(base_cfg), GPU_UNSLOTH)
+    assert not off.unsloth and off.reasons["unsloth"] == "use_unsloth: false"
+
+
+def test_unsloth_with_deepspeed_falls_back_and_says_so_once(base_cfg):
+    plan = RunPlan.resolve(build_config({**base_cfg, "use_unsloth": True, "deepspeed": str(Z2)}), GPU_UNSLOTH)
+    assert not plan.unsloth
+    said = [n for n in plan.notes if n.startswith("use_unsloth: ignored")]
+    assert len(said) == 1 and "DeepSpeed ZeRO-2" in said[0]
+    assert check_rules(plan, True)[1] == []  # the fallback needs neither the package nor a refusal
+
+
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        ({"stage": "dpo", "dataset": "dpo_en_demo"}, "stage dpo"),
+        ({"finetuning_type": "oft"}, "finetuning_type oft"),
+        ({"use_dora": True}, "use_dora"),
+        ({"train_from_scratch": True}, "train_from_scratch"),
+    ],
+)
+def test_unsloth_refuses_what_it_has_no_path_for_by_name(base_cfg, over, words):
+    found = problems(base_cfg, GPU_UNSLOTH, use_unsloth=True, **over)
+    assert any(words in f and "use_unsloth: true does not support" in f for f in found), found
 
 
 def test_fsdp_launch_with_deepspeed_is_an_error(base_cfg):
