@@ -79,6 +79,19 @@ class PlanRequest:
     liger: bool | None = None  # Liger kernels; None = follow fused_ce (the search toggles both)
     fp32_model_weights: bool = False  # master_weights: model (classic AMP), see estimate.Setup
     fp32_adapters: bool = False
+    # the stage's shape (estimate.Setup's fields of the same names; plan/stage_memory.py)
+    stage: str = "sft"
+    rows_per_example: int = 1
+    loss_path: str = "lm"
+    reference: str = "none"
+    kl_batch: bool = False
+    generated_rows: int = 0
+    prompt_len: int = 0
+    reward_model_params: int = 0
+    packed: bool = True
+    # where the lengths came from: "cutoff_len" (every row that long), or the data's own longest row
+    length_source: str = "cutoff_len"
+    cutoff_len: int | None = None  # the YAML's cutoff_len, shown next to a data-aware seq_len
 
 
 @dataclass(frozen=True)
@@ -133,7 +146,10 @@ def _base_setup(req: PlanRequest) -> Setup:
         seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing),
         attention=req.attention, fused_ce=bool(req.fused_ce), optimizer=req.optimizer,
         optimizer_rank=req.optimizer_rank, liger=req.liger, fp32_model_weights=req.fp32_model_weights,
-        fp32_adapters=req.fp32_adapters,
+        fp32_adapters=req.fp32_adapters, stage=req.stage, rows_per_example=req.rows_per_example,
+        loss_path=req.loss_path, reference=req.reference, kl_batch=req.kl_batch,
+        generated_rows=req.generated_rows, prompt_len=req.prompt_len,
+        reward_model_params=req.reward_model_params, packed=req.packed,
     )  # fmt: skip
 
 
