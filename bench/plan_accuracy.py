@@ -134,7 +134,11 @@ def base_config(assets: str, arch: str, name: str, overrides: dict) -> dict:
     return cfg
 
 
-def predict(cfg_dict: dict, gpu_gib: float, gpus: int = 1, fsdp: bool = False) -> dict:
+def predict(
+    cfg_dict: dict, gpu_gib: float, gpus: int = 1, fsdp: bool = False, seq_len: int | None = None
+) -> dict:
+    """The planner's per-GPU breakdown of the configured setup; `seq_len` replaces the data-aware row
+    length (recomputing a run whose data is not at hand)."""
     import dataclasses
 
     from lmstack.config.load import build_config
@@ -142,7 +146,11 @@ def predict(cfg_dict: dict, gpu_gib: float, gpus: int = 1, fsdp: bool = False) -
     from lmstack.plan.whatif import request_from_config
 
     req = request_from_config(build_config(cfg_dict), gpus, gpu_gib)
-    result = plan(dataclasses.replace(req, fsdp=True) if fsdp else req)
+    if fsdp:
+        req = dataclasses.replace(req, fsdp=True)
+    if seq_len:
+        req = dataclasses.replace(req, seq_len=seq_len)
+    result = plan(req)
     if result.configured is None:
         raise ValueError("the planner found no estimate for the configured setup")
     parts = result.configured.estimate.gpu.to_dict()

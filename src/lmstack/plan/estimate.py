@@ -288,7 +288,7 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
     if s.fused_ce and not _liger(s):  # lmstack's chunked linear CE (models/kernels.py)
         logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
     else:
-        logits = mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce)
+        logits = mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce, zero3=s.deepspeed_stage == 3)
     if s.gradient_checkpointing and s.fused_ce:
         # the fused loss runs at the end of the forward, the one-layer recompute during the backward:
         # they never coexist, so only the part of the loss chunk above that layer adds to the peak

@@ -62,6 +62,10 @@ STOCK_HF_ACTIVATION_FACTOR = 1.3
 
 # --- logits / loss (REFERENCE 7.3) ----------------------------------------------------
 UNFUSED_LOGITS_BYTES = 10  # bf16 logits 2 + fp32 upcast 4 + logits grad 4, per element
+# Under DeepSpeed ZeRO-3 the same HF loss held 2 B more per element: one more bf16 copy of the logits
+# (their gradient in the head's dtype while the gathered head reduces). Fitted on one H200 run
+# (0.5b_full_mb4_z3: 33.2 GiB measured, 30.8 predicted with 10 B) -- a margin, not a derivation.
+UNFUSED_LOGITS_BYTES_ZERO3 = 12
 FUSED_CE_CHUNK_TOKENS = 1024  # Liger FLCE materialises one chunk of logits (its chunks are smaller)
 # lmstack's own chunked linear CE (models/kernels.py, DEFAULT_CHUNK tokens per chunk). By its code a
 # chunk's bf16 product and fp32 copy (2 + 4 B), later the fp32 softmax-gradient and its bf16 copy
@@ -246,11 +250,13 @@ def activation_bytes(
     return tokens * (layers * checkpointed_bytes_per_token_layer(hidden) + full)
 
 
-def logits_bytes(tokens: int, vocab: int, fused: bool, chunk_tokens: int = FUSED_CE_CHUNK_TOKENS) -> float:
-    """Unfused HF loss: 10 B * tokens * V; fused linear-CE: chunk * V * 4 B (REFERENCE 7.3)."""
+def logits_bytes(
+    tokens: int, vocab: int, fused: bool, chunk_tokens: int = FUSED_CE_CHUNK_TOKENS, zero3: bool = False
+) -> float:
+    """Unfused HF loss: 10 B * tokens * V (12 B under ZeRO-3); fused linear-CE: chunk * V * 4 B (REFERENCE 7.3)."""
     if fused:
         return min(tokens, chunk_tokens) * vocab * FUSED_CE_BYTES
-    return UNFUSED_LOGITS_BYTES * tokens * vocab
+    return (UNFUSED_LOGITS_BYTES_ZERO3 if zero3 else UNFUSED_LOGITS_BYTES) * tokens * vocab
 
 
 def chunked_ce_bytes(tokens: int, vocab: int, hidden: int, head_trainable: bool) -> float:
