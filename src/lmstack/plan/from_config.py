@@ -9,6 +9,7 @@ from lmstack.plan.model_spec import ModelSpec
 from lmstack.plan.recommend import PlanRequest
 
 if TYPE_CHECKING:
+    from lmstack.plan.lengths import DataLengths
     from lmstack.plan.runplan import RunPlan
 
 
@@ -92,8 +93,14 @@ def request_from_plan(
     nodes: int = 1,
     cpu_memory_gib: float | None = None,
     search: bool = False,
+    lengths: DataLengths | None = None,
+    available: frozenset[str] | None = None,
+    disk_free_gib: float | None = None,
 ) -> PlanRequest:
-    """Every fact the memory model needs, read from the run plan (never re-derived from the YAML)."""
+    """Every fact the memory model needs, read from the run plan (never re-derived from the YAML).
+    `lengths`: the data's own row lengths (plan/lengths.py) for an unpacked run; None = cutoff_len.
+    `available` / `disk_free_gib`: this machine's optional packages and free disk at output_dir (None: the
+    recommendation assumes everything installed / does not check the disk)."""
     cfg = plan.cfg
     spec = ModelSpec.from_pretrained_dir(cfg.model.model_name_or_path)
     t, ft = cfg.training, cfg.finetuning
@@ -105,10 +112,21 @@ def request_from_plan(
         and plan.precision.master_weights == "model" and plan.precision.load == "fp32"
     )  # fmt: skip
     gc_auto = t.gradient_checkpointing == "auto" and not cfg.model.disable_gradient_checkpointing
-    fields = {"seq_len": plan.row_capacity or cfg.data.cutoff_len, "cutoff_len": cfg.data.cutoff_len}
+    fields = {"seq_len": plan.row_capacity or cfg.data.cutoff_len}
     fields.update(stage_fields(plan, spec))
+    fields["worst_seq_len"] = fields["seq_len"]
+    if lengths is not None:
+        fields["length_source"] = lengths.describe()
+        if "prompt_len" in fields:  # prompt stages: the data rows are the prompts
+            fields.update(prompt_len=lengths.bound, seq_len=lengths.bound + cfg.generating.max_new_tokens)
+        else:
+            fields["seq_len"] = lengths.bound
     return PlanRequest(
         **fields,
+        available=available,
+        disk_free_gib=disk_free_gib,
+        stage_fused_ce=plan.stage.fused_ce,
+        multi_process=plan.stage.multi_process,
         spec=spec,
         finetuning_type=kind,
         lora_rank=rank,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from lmstack.plan.estimate import estimate
+from lmstack.plan.memory import MemoryBreakdown
 from lmstack.plan.recommend import Candidate, PlanResult, _best_per_strategy
 
 TABLE_COLUMNS = (
@@ -68,13 +72,26 @@ def breakdown_lines(c: Candidate) -> list[str]:
     return ["  " + line for line in lines]
 
 
+def worst_case(result: PlanResult) -> MemoryBreakdown | None:
+    """The configured setup with every row cutoff_len long (the data-unaware worst case)."""
+    req, conf = result.request, result.configured
+    if conf is None or req.length_source == "cutoff_len" or req.worst_seq_len in (None, req.seq_len):
+        return None
+    setup = replace(
+        conf.setup,
+        seq_len=req.worst_seq_len,
+        prompt_len=req.prompt_len and req.worst_seq_len - (req.seq_len - req.prompt_len),
+    )
+    return estimate(req.spec, setup).gpu
+
+
 def _lengths_line(result: PlanResult) -> str | None:
-    req = result.request
-    if req.length_source == "cutoff_len" or req.cutoff_len is None:
+    req, worst = result.request, worst_case(result)
+    if worst is None or result.configured is None:
         return None
     return (
-        f"rows: {req.seq_len} tokens, the longest row of the data ({req.length_source}); "
-        f"cutoff_len {req.cutoff_len} would be the worst case"
+        f"rows: {req.seq_len} tokens ({req.length_source}) -> {result.configured.estimate.gpu.total:.1f} GiB; "
+        f"with every row {req.worst_seq_len} tokens (cutoff_len, the worst case) {worst.total:.1f} GiB"
     )
 
 
@@ -137,7 +154,12 @@ def to_json(result: PlanResult, all_candidates: bool = False) -> dict[str, objec
         "recommendation": None
         if rec is None
         else {**candidate_dict(rec.candidate), "reason": rec.reason, "yaml_changes": rec.yaml_changes},
-        "lengths": {"seq_len": req.seq_len, "source": req.length_source, "cutoff_len": req.cutoff_len},
+        "lengths": {
+            "seq_len": req.seq_len,
+            "source": req.length_source,
+            "worst_case_seq_len": req.worst_seq_len,
+            "worst_case_gib": None if (w := worst_case(result)) is None else w.to_dict(),
+        },
         "megatron": [layout.to_dict() for layout in result.megatron],
         "notes": list(result.notes),
     }
