@@ -38,7 +38,8 @@ def config_only_assets(root: Path) -> None:
     for arch in CONFIGS:
         qwen_config(arch).save_pretrained(root / arch)
     (root / "data").mkdir(exist_ok=True)
-    (root / "data" / "dataset_info.json").write_text(json.dumps({"synth": {"file_name": "synth.json"}}))
+    registry = {name: {"file_name": "synth.json"} for name in ("synth", "synth_pref", "synth_kto")}
+    (root / "data" / "dataset_info.json").write_text(json.dumps(registry))
     (root / "data" / "synth.json").write_text(json.dumps([{"instruction": "a", "input": "", "output": "b"}]))
 
 

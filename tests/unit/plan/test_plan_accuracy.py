@@ -31,11 +31,14 @@ def recomputed(tmp_path_factory):
     try:
         rows = []
         for run in doc["runs"]:
+            if not run.get("measured_gib"):
+                continue  # a run that failed or was only predicted
             plan_check.chunked_ce_model(run["chunked_ce_model"] != "current")  # the loss each run ran
             cfg = plan_check.local(run["config"], root, run["config"]["model_name_or_path"])
             fsdp = ":fsdp:" in run["name"]
-            seq_len = (run.get("predicted") or {}).get("seq_len") if run.get("data_aware") else None
-            pred = predict(cfg, plan_check.H200_GIB, gpus=run["num_gpus"], fsdp=fsdp, seq_len=seq_len)
+            lengths = run.get("lengths") if run.get("data_aware") else None  # the data is not at hand here
+            pred = predict(cfg, plan_check.H200_GIB, gpus=run["num_gpus"], fsdp=fsdp,
+                           seq_len=(lengths or {}).get("seq_len"), prompt_len=(lengths or {}).get("prompt_len"))  # fmt: skip
             rows.append(
                 (run["name"], run["measured_gib"], pred["allocated_equiv"], run["source"], run["basis"])
             )
