@@ -65,8 +65,8 @@ def from_speed(line: dict, root: Path) -> dict | None:
 
 def from_stages(line: dict, root: Path) -> dict | None:
     run = next((r for r in stage_bench.RUNS if r.name == line["name"]), None)
-    if run is None or line.get("status") != "ok" or run.stage not in ("sft", "pt"):
-        return None  # the planner models sft/pt; dpo's reference forward is not in it
+    if run is None or line.get("status") != "ok":
+        return None
     cfg = {**stage_bench.BASE, **run.cfg, "max_steps": line.get("steps") or 20, "bf16": True}
     cfg.update((line.get("auto") or {}).get("resolved") or {})
     if run.method == "full" and (line.get("auto") or {}).get("used", {}).get("master_weights") != "optimizer":

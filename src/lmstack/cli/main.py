@@ -236,7 +236,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the visible GPU's, else 80)")
     p.add_argument("--nodes", type=int, default=1, help="number of nodes")
     p.add_argument("--cpu-memory", type=float, help="GiB of CPU memory per node (checks offload)")
-    p.add_argument("--search", action="store_true", help="also search micro-batch and checkpointing")
+    p.add_argument(
+        "--search",
+        action="store_true",
+        help="the configured row too searches micro-batch and checkpointing (the recommendation always does)",
+    )
     p.add_argument(
         "--no-data", action="store_true", help="unpacked rows: assume cutoff_len instead of reading the data"
     )

@@ -148,7 +148,12 @@ def data_lengths(plan: RunPlan, tokenize: bool = True) -> DataLengths | None:
         for attr in attrs:
             got = cached_lengths(cfg, attr)
             if got is None and tokenize:
-                got = tokenized_lengths(cfg, attr)
+                try:
+                    got = tokenized_lengths(cfg, attr)
+                except Exception as err:  # a tokenizer that will not load here: the worst case, said once
+                    logger.warning("plan: could not tokenize %s for its row lengths (%s); using cutoff_len",
+                                   attr.name, err)  # fmt: skip
+                    return None
             if got is None:
                 return None
             arrays.append(got[0])

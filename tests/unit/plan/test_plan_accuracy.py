@@ -1,6 +1,6 @@
 """The planner against lmstack's own measured peaks on the H200 (bench/results/plan_accuracy.json:
-47 runs of 2026-11-29 -- speed, stage, QLoRA, 1- and 2-GPU DDP/ZeRO/FSDP and bench/plan_accuracy.py's
-held-out set; runs made before commit db98c1b are predicted with the chunked-CE model of the loss they
+48 runs of 2026-11-29 -- speed, stage (SFT and one DPO LoRA), QLoRA, 1- and 2-GPU DDP/ZeRO/FSDP and
+bench/plan_accuracy.py's held-out set, all 'fit'; the stage set's runs join as 'predicted'; runs made before commit db98c1b are predicted with the chunked-CE model of the loss they
 ran, the rest with today's). Each prediction is recomputed from the run's exact config with today's planner, so a
 formula change that breaks agreement with the hardware fails here."""
 
