@@ -38,7 +38,8 @@ def config_only_assets(root: Path) -> None:
     for arch in CONFIGS:
         qwen_config(arch).save_pretrained(root / arch)
     (root / "data").mkdir(exist_ok=True)
-    (root / "data" / "dataset_info.json").write_text(json.dumps({"synth": {"file_name": "synth.json"}}))
+    registry = {name: {"file_name": "synth.json"} for name in ("synth", "synth_pref", "synth_kto")}
+    (root / "data" / "dataset_info.json").write_text(json.dumps(registry))
     (root / "data" / "synth.json").write_text(json.dumps([{"instruction": "a", "input": "", "output": "b"}]))
 
 
@@ -64,8 +65,8 @@ def from_speed(line: dict, root: Path) -> dict | None:
 
 def from_stages(line: dict, root: Path) -> dict | None:
     run = next((r for r in stage_bench.RUNS if r.name == line["name"]), None)
-    if run is None or line.get("status") != "ok" or run.stage not in ("sft", "pt"):
-        return None  # the planner models sft/pt; dpo's reference forward is not in it
+    if run is None or line.get("status") != "ok":
+        return None
     cfg = {**stage_bench.BASE, **run.cfg, "max_steps": line.get("steps") or 20, "bf16": True}
     cfg.update((line.get("auto") or {}).get("resolved") or {})
     if run.method == "full" and (line.get("auto") or {}).get("used", {}).get("master_weights") != "optimizer":

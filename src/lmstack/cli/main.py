@@ -119,14 +119,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from lmstack.launch.context import LaunchContext
     from lmstack.plan import check_layout, enumerate_layouts, format_table, plan, pretrain_gpt_args, to_json
     from lmstack.plan.from_config import request_from_plan
-    from lmstack.plan.whatif import plan_for
+    from lmstack.plan.lengths import data_lengths
+    from lmstack.plan.whatif import disk_free_gib, machine_memory_gib, plan_for
 
     cfg = load_config(args.config, args.overrides)
-    here = LaunchContext.from_env()
+    # the GPU is probed (torch imported) only when --gpus / --gpu-memory leave something to read
+    here = LaunchContext.from_env(probe_cuda=not (args.gpus and args.gpu_memory))
     gpus = args.gpus or max(here.gpu_count, 1)
     memory = args.gpu_memory or here.gpu_memory_gib or 80.0
     run_plan = plan_for(cfg, gpus * args.nodes, memory)  # the run plan on that machine
-    req = request_from_plan(run_plan, gpus, memory, args.nodes, args.cpu_memory, search=args.search)
+    lengths = None if args.no_data else data_lengths(run_plan)  # unpacked rows: the data's own lengths
+    local = not args.gpu_memory  # planning for this machine: its CPU RAM and disk are constraints too
+    cpu = args.cpu_memory or (machine_memory_gib() if local else None)
+    disk = disk_free_gib(cfg.training.output_dir) if local else None
+    req = request_from_plan(
+        run_plan, gpus, memory, args.nodes, cpu, search=args.search, lengths=lengths,
+        available=here.packages, disk_free_gib=disk,
+    )  # fmt: skip
     if args.megatron or args.tp or args.pp:
         total, per_node = gpus * args.nodes, gpus
         mb = args.micro_batches
@@ -227,7 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the visible GPU's, else 80)")
     p.add_argument("--nodes", type=int, default=1, help="number of nodes")
     p.add_argument("--cpu-memory", type=float, help="GiB of CPU memory per node (checks offload)")
-    p.add_argument("--search", action="store_true", help="also search micro-batch and checkpointing")
+    p.add_argument(
+        "--search",
+        action="store_true",
+        help="the configured row too searches micro-batch and checkpointing (the recommendation always does)",
+    )
+    p.add_argument(
+        "--no-data", action="store_true", help="unpacked rows: assume cutoff_len instead of reading the data"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--megatron", action="store_true", help="enumerate Megatron TP x PP x DP layouts")
     p.add_argument("--tp", type=int, help="check one Megatron layout: tensor-parallel size")

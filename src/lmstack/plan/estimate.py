@@ -10,6 +10,10 @@ from lmstack.plan.model_spec import ModelSpec
 FINETUNING_TYPES = ("full", "freeze", "lora")
 OPTIMIZERS = ("adamw", "galore", "apollo", "badam", "muon")  # use_galore | use_apollo | use_badam | use_muon
 ATTENTIONS = ("flash", "sdpa", "eager")
+# lm: the causal-LM loss (HF / Liger / lmstack's chunked CE); trl_logprob: TRL's fused log-prob head;
+# full_logits: [tokens x vocab] logits + fp32 log-softmax (ORPO/CPO, lmstack's PPO); value_head: rm
+LOSS_PATHS = ("lm", "trl_logprob", "full_logits", "value_head")
+REFERENCES = ("none", "adapter_off", "copy")
 FSDP_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}  # FSDP mode -> equivalent ZeRO stage
 
 
@@ -41,6 +45,16 @@ class Setup:
     # the fp32 masters in the optimizer (master_weights: optimizer, DeepSpeed, FSDP MixedPrecision)
     fp32_model_weights: bool = False
     fp32_adapters: bool = False  # PEFT's default fp32 LoRA weights (lmstack casts them to a bf16 base)
+    # --- the stage (plan/stage_memory.py): which rows, loss path and extra models the trainer has
+    stage: str = "sft"
+    rows_per_example: int = 1  # 2: chosen + rejected concatenated in one batch (dpo, orpo, simpo, rm)
+    loss_path: str = "lm"  # LOSS_PATHS
+    reference: str = "none"  # REFERENCES: "adapter_off" (LoRA, no copy) | "copy" (a frozen model)
+    kl_batch: bool = False  # kto: a no-grad forward over the mismatched (prompt, answer) KL batch
+    generated_rows: int = 0  # grpo/rloo/ppo: sequences sampled at once (KV cache rows)
+    prompt_len: int = 0  # grpo/rloo/ppo: prompt tokens; seq_len = prompt_len + completion tokens
+    reward_model_params: int = 0  # ppo: a separate reward model held in bf16
+    packed: bool = True  # rows of one width (packing): the smaller fragmentation margin
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,12 @@ def validate_setup(s: Setup) -> None:
         raise ValueError("offload_param: needs deepspeed stage 3 (parameter offload is a ZeRO-3 feature)")
     if s.offload_optimizer and not s.deepspeed_stage:
         raise ValueError("offload_optimizer: needs deepspeed stage 1, 2 or 3")
+    if s.loss_path not in LOSS_PATHS:
+        raise ValueError(f"loss_path: got {s.loss_path!r}; allowed: {' | '.join(LOSS_PATHS)}")
+    if s.reference not in REFERENCES:
+        raise ValueError(f"reference: got {s.reference!r}; allowed: {' | '.join(REFERENCES)}")
+    if s.rows_per_example < 1:
+        raise ValueError(f"rows_per_example: got {s.rows_per_example}; must be >= 1")
     if s.num_gpus < 1 or s.micro_batch < 1 or s.seq_len < 1 or s.nodes < 1:
         raise ValueError("num_gpus, nodes, micro_batch and seq_len must all be >= 1")
 
@@ -217,9 +237,14 @@ def activation_factor(s: Setup) -> float:
     return factor
 
 
+def train_tokens(s: Setup) -> int:
+    """Tokens of one micro-batch as the model sees it (dpo/rm: chosen + rejected rows)."""
+    return s.micro_batch * s.rows_per_example * s.seq_len
+
+
 def _recompute_layer_bytes(spec: ModelSpec, s: Setup) -> float:
     per_layer = mem.activation_bytes_per_token_layer(spec.hidden_size, spec.kv_dim, spec.intermediate_size)
-    return s.micro_batch * s.seq_len * per_layer * activation_factor(s)
+    return train_tokens(s) * per_layer * activation_factor(s)
 
 
 def activations(spec: ModelSpec, s: Setup) -> float:
@@ -231,7 +256,7 @@ def activations(spec: ModelSpec, s: Setup) -> float:
     layers = spec.num_layers
     if s.finetuning_type == "freeze":
         layers = min(s.freeze_trainable_layers, spec.num_layers)
-    tokens = s.micro_batch * s.seq_len
+    tokens = train_tokens(s)
     return mem.activation_bytes(
         tokens, layers, per_layer, spec.hidden_size, s.gradient_checkpointing, activation_factor(s)
     )
@@ -250,20 +275,39 @@ def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
     return max(0.0, mem.FP32_BYTES * trainable - freed)
 
 
-def estimate(spec: ModelSpec, s: Setup) -> Estimate:
-    """Predicted peak memory of one GPU for setup ``s`` plus CPU memory for offload."""
-    validate_setup(s)
-    st = model_states(spec, s)
-    acts = activations(spec, s)
-    tokens = s.micro_batch * s.seq_len
+def loss_bytes(spec: ModelSpec, s: Setup) -> float:
+    """The loss head's peak: logits / chunked CE (lm), TRL's fused log-probs, full logits, value head."""
+    tokens = train_tokens(s)
+    full = s.finetuning_type == "full"
+    if s.loss_path == "trl_logprob":
+        return mem.trl_logprob_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
+    if s.loss_path == "full_logits":
+        return mem.logits_bytes(tokens, spec.vocab_size, fused=False)
+    if s.loss_path == "value_head":
+        return mem.VALUE_HEAD_INPUT_BYTES * tokens * spec.hidden_size
     if s.fused_ce and not _liger(s):  # lmstack's chunked linear CE (models/kernels.py)
-        logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, s.finetuning_type == "full")
+        logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
     else:
-        logits = mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce)
+        logits = mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce, zero3=s.deepspeed_stage == 3)
     if s.gradient_checkpointing and s.fused_ce:
         # the fused loss runs at the end of the forward, the one-layer recompute during the backward:
         # they never coexist, so only the part of the loss chunk above that layer adds to the peak
         logits = max(0.0, logits - _recompute_layer_bytes(spec, s))
+    return logits
+
+
+def estimate(spec: ModelSpec, s: Setup) -> Estimate:
+    """Predicted peak memory of one GPU for setup ``s`` plus CPU memory for offload."""
+    from lmstack.plan.stage_memory import stage_terms
+
+    validate_setup(s)
+    st = model_states(spec, s)
+    acts = activations(spec, s)
+    logits = loss_bytes(spec, s)
     optim = st.optim + _step_transient(spec, s, acts + logits)
-    gpu = mem.breakdown(st.weights, st.grads, optim, acts, logits, st.adapters)
+    terms = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s))
+    frag = mem.FRAGMENTATION_FACTOR if s.packed else mem.UNPACKED_FRAGMENTATION_FACTOR
+    gpu = mem.breakdown(
+        st.weights, st.grads, optim, acts, logits, st.adapters, terms=terms, fragmentation=frag
+    )
     return Estimate(gpu=gpu, cpu_gib=cpu_bytes_per_node(st, s) / mem.GIB)

@@ -9,6 +9,7 @@ from lmstack.plan.model_spec import ModelSpec
 from lmstack.plan.recommend import PlanRequest
 
 if TYPE_CHECKING:
+    from lmstack.plan.lengths import DataLengths
     from lmstack.plan.runplan import RunPlan
 
 
@@ -50,6 +51,41 @@ def _logit_loss(cfg: Config) -> bool:
     return any(getattr(cfg.finetuning, name) for name in LOGIT_LOSSES)
 
 
+def _reference(cfg: Config) -> str:
+    """train/rlhf.reference_model: ref_model or full/freeze tuning -> a frozen copy; LoRA -> adapter off."""
+    ft = cfg.finetuning
+    return "copy" if ft.ref_model or ft.finetuning_type != "lora" else "adapter_off"
+
+
+def stage_fields(plan: RunPlan, spec: ModelSpec) -> dict:
+    """The stage's shape for the memory model (plan/stage_memory.py says what each trainer holds)."""
+    from lmstack.plan.stage_memory import REFERENCE_FREE_LOSSES
+
+    cfg = plan.cfg
+    ft, t, stage = cfg.finetuning, cfg.training, cfg.finetuning.stage
+    out: dict = {"stage": stage, "packed": plan.packing}
+    if stage == "dpo":
+        free = ft.pref_loss in REFERENCE_FREE_LOSSES
+        out.update(rows_per_example=2, loss_path="full_logits" if free else "trl_logprob",
+                   reference="none" if free else _reference(cfg))  # fmt: skip
+    elif stage == "kto":
+        out.update(loss_path="trl_logprob", reference=_reference(cfg), kl_batch=True)
+    elif stage == "rm":
+        out.update(rows_per_example=2, loss_path="value_head")
+    elif stage in ("grpo", "rloo", "ppo"):
+        prompt, answer = cfg.data.cutoff_len, cfg.generating.max_new_tokens
+        per_step = plan.micro_batch * t.gradient_accumulation_steps  # TRL: steps_per_generation = GAS
+        out.update(prompt_len=prompt, seq_len=prompt + answer, generated_rows=per_step)
+        if stage == "ppo":
+            out.update(loss_path="full_logits", reference=_reference(cfg),
+                       generated_rows=per_step * ft.ppo_buffer_size,
+                       reward_model_params=spec.num_params if ft.reward_model else 0)  # fmt: skip
+        else:
+            kl_copy = ft.pref_beta > 0 and ft.finetuning_type != "lora"
+            out.update(loss_path="trl_logprob", reference="copy" if kl_copy else "none")
+    return out
+
+
 def request_from_plan(
     plan: RunPlan,
     gpus: int,
@@ -57,8 +93,14 @@ def request_from_plan(
     nodes: int = 1,
     cpu_memory_gib: float | None = None,
     search: bool = False,
+    lengths: DataLengths | None = None,
+    available: frozenset[str] | None = None,
+    disk_free_gib: float | None = None,
 ) -> PlanRequest:
-    """Every fact the memory model needs, read from the run plan (never re-derived from the YAML)."""
+    """Every fact the memory model needs, read from the run plan (never re-derived from the YAML).
+    `lengths`: the data's own row lengths (plan/lengths.py) for an unpacked run; None = cutoff_len.
+    `available` / `disk_free_gib`: this machine's optional packages and free disk at output_dir (None: the
+    recommendation assumes everything installed / does not check the disk)."""
     cfg = plan.cfg
     spec = ModelSpec.from_pretrained_dir(cfg.model.model_name_or_path)
     t, ft = cfg.training, cfg.finetuning
@@ -70,13 +112,26 @@ def request_from_plan(
         and plan.precision.master_weights == "model" and plan.precision.load == "fp32"
     )  # fmt: skip
     gc_auto = t.gradient_checkpointing == "auto" and not cfg.model.disable_gradient_checkpointing
+    fields = {"seq_len": plan.row_capacity or cfg.data.cutoff_len}
+    fields.update(stage_fields(plan, spec))
+    fields["worst_seq_len"] = fields["seq_len"]
+    if lengths is not None:
+        fields["length_source"] = lengths.describe()
+        if "prompt_len" in fields:  # prompt stages: the data rows are the prompts
+            fields.update(prompt_len=lengths.bound, seq_len=lengths.bound + cfg.generating.max_new_tokens)
+        else:
+            fields["seq_len"] = lengths.bound
     return PlanRequest(
+        **fields,
+        available=available,
+        disk_free_gib=disk_free_gib,
+        stage_fused_ce=plan.stage.fused_ce,
+        multi_process=plan.stage.multi_process,
         spec=spec,
         finetuning_type=kind,
         lora_rank=rank,
         lora_target=target,
         quantization_bit=cfg.model.quantization_bit,
-        seq_len=plan.row_capacity or cfg.data.cutoff_len,
         micro_batch=None if (search or t.per_device_train_batch_size == "auto") else plan.micro_batch,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         gradient_checkpointing=None if (search or gc_auto) else plan.checkpointing,

@@ -62,6 +62,10 @@ STOCK_HF_ACTIVATION_FACTOR = 1.3
 
 # --- logits / loss (REFERENCE 7.3) ----------------------------------------------------
 UNFUSED_LOGITS_BYTES = 10  # bf16 logits 2 + fp32 upcast 4 + logits grad 4, per element
+# Under DeepSpeed ZeRO-3 the same HF loss held 2 B more per element: one more bf16 copy of the logits
+# (their gradient in the head's dtype while the gathered head reduces). Fitted on one H200 run
+# (0.5b_full_mb4_z3: 33.2 GiB measured, 30.8 predicted with 10 B) -- a margin, not a derivation.
+UNFUSED_LOGITS_BYTES_ZERO3 = 12
 FUSED_CE_CHUNK_TOKENS = 1024  # Liger FLCE materialises one chunk of logits (its chunks are smaller)
 # lmstack's own chunked linear CE (models/kernels.py, DEFAULT_CHUNK tokens per chunk). By its code a
 # chunk's bf16 product and fp32 copy (2 + 4 B), later the fp32 softmax-gradient and its bf16 copy
@@ -76,9 +80,30 @@ LMSTACK_CE_LIVE_CHUNKS = 1
 LMSTACK_CE_HEAD_BYTES = 10
 FUSED_CE_BYTES = 4  # fp32 per chunk element
 
-# --- overhead (REFERENCE 7.4) ---------------------------------------------------------
+# --- the stages' own terms (estimate's stage_terms; each from the code path that runs) -------
+# TRL 1.16's fused log-prob head (trl/kernels/chunked_logprob.py, used by DPOTrainer, KTOTrainer,
+# GRPOTrainer, RLOOTrainer): no [tokens x vocab] logits; one bf16 projection tile of
+# TOKEN_CHUNK_SIZE x chunk_size (4096 x 32768) at a time, the label positions' hidden states kept for
+# the backward (bf16), their gradient accumulated in fp32, and for a trained head its fp32 gradient
+# (plus the bf16 copy it is cast back to).
+TRL_LOGPROB_TOKEN_TILE = 4096
+TRL_LOGPROB_VOCAB_TILE = 32768
+TRL_LOGPROB_HIDDEN_BYTES = BF16_BYTES + FP32_BYTES  # saved hidden[mask] + its fp32 gradient
+TRL_LOGPROB_HEAD_GRAD_BYTES = FP32_BYTES + BF16_BYTES
+# KV cache while generating (grpo/rloo/ppo rollouts): K and V, bf16, per token per layer per KV dim.
+KV_CACHE_BYTES = 2 * BF16_BYTES
+# Sampling keeps the last position's logits in fp32 and their softmax/top-p copy: 2 x 4 B per vocab entry.
+SAMPLING_LOGITS_BYTES = 2 * FP32_BYTES
+# The value head (rm, ppo critic) runs in fp32 on the last hidden states: their fp32 copy is kept.
+VALUE_HEAD_INPUT_BYTES = FP32_BYTES
+
+# --- overhead (REFERENCE 7.4): margins for what the planner does not model term by term ------
 CUDA_CONTEXT_GIB = 1.0  # CUDA context + cuBLAS/NCCL workspaces: 0.5-1.5 GB measured range
-FRAGMENTATION_FACTOR = 1.05  # caching-allocator reserved vs allocated (web calculators: 5-25%)
+# caching-allocator reserved vs allocated (web calculators: 5-25%). The H200 runs reserved 1.02-1.04x
+# what they allocated when the batches had one shape (packed rows) and up to 1.35x with padded rows of
+# changing width (stages.jsonl sft_lora_0.5b: 9.33 -> 12.62 GiB): unpacked runs get the larger margin.
+FRAGMENTATION_FACTOR = 1.05
+UNPACKED_FRAGMENTATION_FACTOR = 1.15
 # A setup "fits" when its predicted total <= GPU memory x this margin: the estimate's own
 # error (REFERENCE 7.4: good estimators are within a few %) plus allocator spikes.
 SAFETY_MARGIN = 0.92
@@ -86,7 +111,13 @@ SAFETY_MARGIN = 0.92
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Predicted peak memory of one GPU, in GiB."""
+    """Predicted peak memory of one GPU, in GiB.
+
+    ``allocated`` is what ``torch.cuda.max_memory_allocated`` measures (every modelled term, the
+    stage's own ``terms`` included); ``reserved`` adds the caching allocator's ``fragmentation``
+    margin (``max_memory_reserved``); ``total`` adds the ``cuda_context`` margin as well (what the GPU
+    must hold; the fit test uses it). ``overhead`` = fragmentation + cuda_context. ``terms``: the
+    stage's named rows (reference forward, KV cache, ...), GiB each, already in ``stage``."""
 
     weights: float
     gradients: float
@@ -96,9 +127,25 @@ class MemoryBreakdown:
     adapters: float
     overhead: float
     total: float
+    stage: float = 0.0
+    terms: tuple[tuple[str, float], ...] = ()
+    fragmentation: float = 0.0
+    cuda_context: float = 0.0
+
+    @property
+    def allocated(self) -> float:
+        return self.total - self.overhead
+
+    @property
+    def reserved(self) -> float:
+        return self.allocated + self.fragmentation
 
     def to_dict(self) -> dict[str, float]:
-        return {k: round(v, 3) for k, v in asdict(self).items()}
+        out = {k: round(v, 3) for k, v in asdict(self).items() if k != "terms"}
+        out["terms"] = {name: round(v, 3) for name, v in self.terms}
+        out["allocated"] = round(self.allocated, 3)
+        out["reserved"] = round(self.reserved, 3)
+        return out
 
 
 def nf4_bytes_per_param() -> float:
@@ -203,11 +250,13 @@ def activation_bytes(
     return tokens * (layers * checkpointed_bytes_per_token_layer(hidden) + full)
 
 
-def logits_bytes(tokens: int, vocab: int, fused: bool, chunk_tokens: int = FUSED_CE_CHUNK_TOKENS) -> float:
-    """Unfused HF loss: 10 B * tokens * V; fused linear-CE: chunk * V * 4 B (REFERENCE 7.3)."""
+def logits_bytes(
+    tokens: int, vocab: int, fused: bool, chunk_tokens: int = FUSED_CE_CHUNK_TOKENS, zero3: bool = False
+) -> float:
+    """Unfused HF loss: 10 B * tokens * V (12 B under ZeRO-3); fused linear-CE: chunk * V * 4 B (REFERENCE 7.3)."""
     if fused:
         return min(tokens, chunk_tokens) * vocab * FUSED_CE_BYTES
-    return UNFUSED_LOGITS_BYTES * tokens * vocab
+    return (UNFUSED_LOGITS_BYTES_ZERO3 if zero3 else UNFUSED_LOGITS_BYTES) * tokens * vocab
 
 
 def chunked_ce_bytes(tokens: int, vocab: int, hidden: int, head_trainable: bool) -> float:
@@ -218,9 +267,27 @@ def chunked_ce_bytes(tokens: int, vocab: int, hidden: int, head_trainable: bool)
     return live * LMSTACK_CE_BYTES * chunk * vocab + head
 
 
-def overhead_bytes(other_bytes: float) -> float:
+def trl_logprob_bytes(tokens: int, vocab: int, hidden: int, head_trainable: bool) -> float:
+    """TRL's fused log-prob head over `tokens` label positions: one bf16 tile, the kept hidden states and
+    their fp32 gradient, the fp32 head gradient when the head trains (memory.py constants above)."""
+    tile = min(tokens, TRL_LOGPROB_TOKEN_TILE) * min(vocab, TRL_LOGPROB_VOCAB_TILE) * BF16_BYTES
+    head = TRL_LOGPROB_HEAD_GRAD_BYTES * vocab * hidden if head_trainable else 0
+    return tile + TRL_LOGPROB_HIDDEN_BYTES * tokens * hidden + head
+
+
+def kv_cache_bytes(sequences: int, length: int, layers: int, kv_dim: int) -> float:
+    """K and V of every layer for `sequences` rows of `length` tokens (bf16)."""
+    return KV_CACHE_BYTES * sequences * length * layers * kv_dim
+
+
+def sampling_logits_bytes(sequences: int, vocab: int) -> float:
+    """The last position's fp32 logits and their sampling copy, per generated step."""
+    return SAMPLING_LOGITS_BYTES * sequences * vocab
+
+
+def overhead_bytes(other_bytes: float, fragmentation: float = FRAGMENTATION_FACTOR) -> float:
     """CUDA context/workspaces plus allocator fragmentation on everything else."""
-    return CUDA_CONTEXT_GIB * GIB + (FRAGMENTATION_FACTOR - 1.0) * other_bytes
+    return CUDA_CONTEXT_GIB * GIB + (fragmentation - 1.0) * other_bytes
 
 
 def breakdown(
@@ -231,10 +298,17 @@ def breakdown(
     logits: float,
     adapters: float = 0.0,
     overhead: float | None = None,
+    terms: tuple[tuple[str, float], ...] = (),
+    fragmentation: float = FRAGMENTATION_FACTOR,
 ) -> MemoryBreakdown:
-    """Assemble a ``MemoryBreakdown`` (inputs in bytes, fields in GiB)."""
-    parts = weights + gradients + optimizer + activations + logits + adapters
-    over = overhead_bytes(parts) if overhead is None else overhead
+    """Assemble a ``MemoryBreakdown`` (inputs in bytes, fields in GiB). ``terms``: the stage's named
+    rows in bytes; ``fragmentation``: the reserved/allocated factor of the margin row."""
+    stage = sum(v for _, v in terms)
+    parts = weights + gradients + optimizer + activations + logits + adapters + stage
+    if overhead is None:
+        frag, context = (fragmentation - 1.0) * parts, CUDA_CONTEXT_GIB * GIB
+    else:  # a caller's own overhead figure (Megatron layouts): no split
+        frag, context = 0.0, overhead
     return MemoryBreakdown(
         weights=weights / GIB,
         gradients=gradients / GIB,
@@ -242,6 +316,10 @@ def breakdown(
         activations=activations / GIB,
         logits=logits / GIB,
         adapters=adapters / GIB,
-        overhead=over / GIB,
-        total=(parts + over) / GIB,
+        overhead=(frag + context) / GIB,
+        total=(parts + frag + context) / GIB,
+        stage=stage / GIB,
+        terms=tuple((name, v / GIB) for name, v in terms),
+        fragmentation=frag / GIB,
+        cuda_context=context / GIB,
     )

@@ -84,7 +84,11 @@ class ModelSpec:
 
     @classmethod
     def from_pretrained_dir(cls, path: str | Path) -> ModelSpec:
-        """Read ``<path>/config.json`` with AutoConfig and count parameters on the meta device."""
+        """Read ``<path>/config.json``: a Llama-family decoder is counted from its fields alone (no torch,
+        no transformers: `lmstack plan` stays fast); anything else with AutoConfig on the meta device."""
+        spec = from_config_json(Path(path) / "config.json")
+        if spec is not None:
+            return spec
         from transformers import AutoConfig
 
         cfg = AutoConfig.from_pretrained(str(path))
@@ -173,3 +177,74 @@ def _linear_groups(model: Any) -> tuple[LinearGroup, ...]:
         entry[1] += shape[0] * shape[1]
         entry[2] += shape[0] + shape[1]
     return tuple(LinearGroup(n, c, w, io) for n, (c, w, io) in sorted(acc.items()))
+
+
+# Decoders whose parameters follow one layout (embedding; per layer q/k/v/o + gate/up/down + two RMSNorms;
+# final norm; an untied head): model_type -> (decoder layer class, q/k/v carry a bias, q/k RMSNorm per head)
+LLAMA_FAMILY = {
+    "llama": ("LlamaDecoderLayer", False, False),
+    "mistral": ("MistralDecoderLayer", False, False),
+    "qwen2": ("Qwen2DecoderLayer", True, False),
+    "qwen3": ("Qwen3DecoderLayer", False, True),
+}
+REQUIRED_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+)
+
+
+def from_config_json(path: Path) -> ModelSpec | None:
+    """The exact ModelSpec of a Llama-family decoder from its config.json, counted the way the meta model
+    counts it (tests/unit/plan/test_model_spec.py holds them equal); None for any other model or field set."""
+    import json
+
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    family = LLAMA_FAMILY.get(d.get("model_type"))
+    if family is None or any(not isinstance(d.get(k), int) for k in REQUIRED_FIELDS):
+        return None
+    if d.get("quantization_config") or d.get("num_experts") or d.get("num_local_experts"):
+        return None
+    layer_class, qkv_bias, qk_norm = family
+    if d["model_type"] in ("llama", "qwen3"):
+        qkv_bias = bool(d.get("attention_bias", False))
+    o_bias = d["model_type"] in ("llama", "qwen3") and bool(d.get("attention_bias", False))
+    mlp_bias = d["model_type"] == "llama" and bool(d.get("mlp_bias", False))
+    vocab, h, inter, layers, heads = (int(d[k]) for k in REQUIRED_FIELDS)
+    kv_heads = int(d.get("num_key_value_heads") or heads)
+    head_dim = int(d.get("head_dim") or h // heads)
+    tied = bool(d.get("tie_word_embeddings", False))
+    q, kv = heads * head_dim, kv_heads * head_dim
+    shapes = {"q_proj": (h, q, qkv_bias), "k_proj": (h, kv, qkv_bias), "v_proj": (h, kv, qkv_bias),
+              "o_proj": (q, h, o_bias), "gate_proj": (h, inter, mlp_bias), "up_proj": (h, inter, mlp_bias),
+              "down_proj": (inter, h, mlp_bias)}  # fmt: skip
+    groups = tuple(
+        LinearGroup(name, layers, layers * i * o, layers * (i + o))
+        for name, (i, o, _) in sorted(shapes.items())
+    )
+    own = {name: i * o + (o if bias else 0) for name, (i, o, bias) in shapes.items()}
+    per_layer = sum(own.values()) + 2 * h + (2 * head_dim if qk_norm else 0)
+    embed = vocab * h
+    head = 0 if tied else vocab * h
+    return ModelSpec(
+        vocab_size=vocab,
+        hidden_size=h,
+        intermediate_size=inter,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        tie_word_embeddings=tied,
+        num_params=embed + layers * per_layer + h + head,
+        largest_layer_params=max(embed, head, *own.values()),
+        model_type=str(d["model_type"]),
+        decoder_layer_class=layer_class,
+        embed_params=embed,
+        lm_head_params=head,
+        linear_groups=groups,
+    )

@@ -1,8 +1,14 @@
 """Pick the fastest training setup that fits: candidates, a rough cost model, the OOM ladder.
 
-The ladder is seed 003 §10.8 (flash + checkpointing -> ZeRO-2 -> ZeRO-3 -> offload -> QLoRA);
-among everything that fits we take the lowest relative cost, and switch the fine-tuning method
-(full -> LoRA/QLoRA) only when nothing fits otherwise, labelled as a method change.
+The ladder is seed 003 §10.8 (flash + checkpointing -> ZeRO-2 -> ZeRO-3 -> offload -> QLoRA). The
+recommendation searches checkpointing, the micro-batch (keeping micro_batch x gradient_accumulation_steps,
+the batch the optimizer sees), ZeRO/FSDP stage and offload, Liger's kernels and the method changes
+(full -> LoRA, -> QLoRA), under GPU memory, CPU memory (offload) and disk (the checkpoint) and what is
+installed here (DeepSpeed, bitsandbytes, Liger: `lmstack check` / `train` refuse or drop what is missing).
+It is the fastest setup that fits; a method change is marked as one and taken when nothing of the
+configured method fits, or -- LoRA -> QLoRA, still an adapter on a frozen base -- when it is at least
+METHOD_CHANGE_MIN_SPEEDUP times faster than the best that does (QLoRA + checkpointing over ZeRO-3 offload
+for a 70B LoRA on one 80 GB GPU); full/freeze -> LoRA only when nothing of the configured method fits.
 """
 
 from __future__ import annotations
@@ -12,23 +18,19 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from lmstack.plan import memory as mem
+from lmstack.plan.advice import (
+    METHOD_CHANGE_MIN_SPEEDUP,
+    checkpoint_gib,
+    label,
+    reason,
+    unsupported,
+    yaml_changes,
+)
 from lmstack.plan.estimate import Estimate, Setup, estimate, validate_setup
 from lmstack.plan.model_spec import ModelSpec
 from lmstack.plan.parallel import Layout, enumerate_layouts
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64)
-# YAML values for each DeepSpeed template: names of the templates shipped in lmstack/launch/templates/
-# (LF's examples/deepspeed files; z1 is lmstack's own), found from any working directory.
-DEEPSPEED_CONFIGS = {
-    (0, False, False): "z0",
-    (1, False, False): "z1",
-    (2, False, False): "z2",
-    (2, True, False): "z2_offload",
-    (3, False, False): "z3",
-    (3, True, True): "z3_offload",
-}
-FSDP_YAML = {"FULL_SHARD": "full_shard auto_wrap", "SHARD_GRAD_OP": "shard_grad_op auto_wrap"}
-
 # --- rough relative cost model (time per token; 1.0 = plain DDP, fused CE, flash, big batch) --
 RECOMPUTE_COST = 1.33  # full checkpointing adds one forward: 8N vs 6N FLOPs (REFERENCE 6.1)
 ZERO12_COMM_COST = 1.02  # reduce-scatter + all-gather = DDP all-reduce volume (ZeRO paper §7)
@@ -79,6 +81,25 @@ class PlanRequest:
     liger: bool | None = None  # Liger kernels; None = follow fused_ce (the search toggles both)
     fp32_model_weights: bool = False  # master_weights: model (classic AMP), see estimate.Setup
     fp32_adapters: bool = False
+    # the stage's shape (estimate.Setup's fields of the same names; plan/stage_memory.py)
+    stage: str = "sft"
+    rows_per_example: int = 1
+    loss_path: str = "lm"
+    reference: str = "none"
+    kl_batch: bool = False
+    generated_rows: int = 0
+    prompt_len: int = 0
+    reward_model_params: int = 0
+    packed: bool = True
+    # where the lengths came from: "cutoff_len" (every row that long), or the data's own longest row
+    length_source: str = "cutoff_len"
+    worst_seq_len: int | None = None  # seq_len with every row cutoff_len long, shown next to a data-aware one
+    # what this machine can run: optional packages installed (None = assume all), free disk at output_dir
+    available: frozenset[str] | None = None
+    disk_free_gib: float | None = None
+    # the stage's loss never needs the logits: Liger / the chunked CE can replace the head (STAGE_SPECS)
+    stage_fused_ce: bool = True
+    multi_process: bool = True  # the stage runs under DeepSpeed / several processes (STAGE_SPECS)
 
 
 @dataclass(frozen=True)
@@ -133,7 +154,10 @@ def _base_setup(req: PlanRequest) -> Setup:
         seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing),
         attention=req.attention, fused_ce=bool(req.fused_ce), optimizer=req.optimizer,
         optimizer_rank=req.optimizer_rank, liger=req.liger, fp32_model_weights=req.fp32_model_weights,
-        fp32_adapters=req.fp32_adapters,
+        fp32_adapters=req.fp32_adapters, stage=req.stage, rows_per_example=req.rows_per_example,
+        loss_path=req.loss_path, reference=req.reference, kl_batch=req.kl_batch,
+        generated_rows=req.generated_rows, prompt_len=req.prompt_len,
+        reward_model_params=req.reward_model_params, packed=req.packed,
     )  # fmt: skip
 
 
@@ -169,7 +193,14 @@ def candidate_strategies(req: PlanRequest, allow_method_change: bool = True) -> 
         if req.finetuning_type != "lora":
             out.append(replace(zero, name=f"lora+{zero.name}", method="lora"))
         out.append(replace(zero, name=f"qlora4+{zero.name}", method="qlora4"))
+        out += fp8_strategies(req)
     return out
+
+
+def fp8_strategies(req: PlanRequest) -> list[Strategy]:
+    """Hook for FP8 training (models/fp8.py, another change): its strategies join the search here, each a
+    Strategy(method="fp8") once estimate.Setup models FP8 weights/activations. None yet."""
+    return []
 
 
 def _apply(base: Setup, st: Strategy, ckpt: bool, mb: int, fused: bool, attn: str) -> Setup:
@@ -178,11 +209,74 @@ def _apply(base: Setup, st: Strategy, ckpt: bool, mb: int, fused: bool, attn: st
         offload_param=st.offload_param, fsdp=st.fsdp, gradient_checkpointing=ckpt, micro_batch=mb,
         fused_ce=fused, attention=attn,
     )  # fmt: skip
+    if st.method in ("lora", "qlora4") and s.reference == "copy":
+        s = replace(s, reference="adapter_off")  # LoRA's reference is the adapter-off base
     if st.method == "lora":
         s = replace(s, finetuning_type="lora", quantization_bit=None, optimizer="adamw")
     elif st.method == "qlora4":
         s = replace(s, finetuning_type="lora", quantization_bit=4, optimizer="adamw")
     return s
+
+
+def evaluate(req: PlanRequest, st: Strategy, s: Setup) -> Candidate:
+    est = estimate(req.spec, s)
+    usable = req.gpu_memory_gib * mem.SAFETY_MARGIN
+    why = unsupported(req, s)
+    if why:
+        pass
+    elif est.gpu.total > usable:
+        why = f"GPU: needs {est.gpu.total:.1f} GiB > {usable:.1f} GiB usable per GPU"
+    elif req.cpu_memory_gib is not None and est.cpu_gib > req.cpu_memory_gib * mem.SAFETY_MARGIN:
+        why = f"CPU: offload needs {est.cpu_gib:.0f} GiB per node > {req.cpu_memory_gib:.0f} GiB"
+    elif req.disk_free_gib is not None and checkpoint_gib(req.spec, s) > req.disk_free_gib:
+        why = f"disk: a checkpoint needs {checkpoint_gib(req.spec, s):.0f} GiB > {req.disk_free_gib:.0f} GiB free"
+    return Candidate(st, s, est, not why, relative_cost(req.spec, s), why)
+
+
+def micro_batch_choices(req: PlanRequest) -> list[int]:
+    """Micro-batches that keep the batch the optimizer sees (micro_batch x gradient_accumulation_steps):
+    its divisors; an `auto` micro-batch (None) tries MICRO_BATCH_CHOICES."""
+    if not req.micro_batch:
+        return list(MICRO_BATCH_CHOICES)
+    total = req.micro_batch * req.gradient_accumulation_steps
+    return [
+        m
+        for m in range(1, total + 1)
+        if total % m == 0 and (m in MICRO_BATCH_CHOICES or m == req.micro_batch)
+    ]
+
+
+def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False) -> list[Candidate]:
+    """Every strategy x checkpointing x micro-batch x kernel choice the request leaves open
+    (`open_all`: the recommendation's search, which opens checkpointing, micro-batch and Liger too)."""
+    base = _base_setup(req)
+    # Liger (its fused CE and its kernels, one switch): searched when the request leaves it open (None),
+    # and by the recommendation when the run has no fused loss yet and its stage's loss allows one
+    opened = open_all and req.fused_ce is False and req.stage_fused_ce and req.loss_path == "lm"
+    fused = [False, True] if (req.fused_ce is None or opened) else [req.fused_ce]
+    if len(fused) > 1:
+        base = replace(base, liger=None)
+    validate_setup(base)
+    fixed_ckpt = req.gradient_checkpointing is not None and not open_all
+    ckpts = [req.gradient_checkpointing] if fixed_ckpt else [False, True]
+    mbs = (
+        micro_batch_choices(req)
+        if open_all
+        else ([req.micro_batch] if req.micro_batch else list(MICRO_BATCH_CHOICES))
+    )
+    attns = [req.attention] + (["sdpa"] if req.attention == "eager" else [])
+    out = []
+    for st, ckpt, mb, fu, at in itertools.product(strategies, ckpts, mbs, fused, attns):
+        out.append(evaluate(req, st, _apply(base, st, ckpt, mb, fu, at)))
+    return out
+
+
+def best(cands: list[Candidate]) -> Candidate | None:
+    """Fastest fitting candidate; ties go to less memory. None when nothing fits."""
+    fitting = [c for c in cands if c.fits]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda c: (round(c.cost, 3), c.estimate.gpu.total))
 
 
 def relative_cost(spec: ModelSpec, s: Setup) -> float:
@@ -206,115 +300,6 @@ def relative_cost(spec: ModelSpec, s: Setup) -> float:
     return cost
 
 
-def evaluate(req: PlanRequest, st: Strategy, s: Setup) -> Candidate:
-    est = estimate(req.spec, s)
-    usable = req.gpu_memory_gib * mem.SAFETY_MARGIN
-    why = ""
-    if est.gpu.total > usable:
-        why = f"needs {est.gpu.total:.1f} GiB > {usable:.1f} GiB usable per GPU"
-    elif req.cpu_memory_gib is not None and est.cpu_gib > req.cpu_memory_gib * mem.SAFETY_MARGIN:
-        why = f"offload needs {est.cpu_gib:.0f} GiB CPU memory per node > {req.cpu_memory_gib:.0f} GiB"
-    return Candidate(st, s, est, not why, relative_cost(req.spec, s), why)
-
-
-def search(req: PlanRequest, strategies: list[Strategy]) -> list[Candidate]:
-    """Every strategy x checkpointing x micro-batch x kernel choice the request leaves open."""
-    base = _base_setup(req)
-    if req.fused_ce is None:  # the search toggles Liger (its fused CE and its kernels) as one switch
-        base = replace(base, liger=None)
-    validate_setup(base)
-    ckpts = [req.gradient_checkpointing] if req.gradient_checkpointing is not None else [False, True]
-    mbs = [req.micro_batch] if req.micro_batch else list(MICRO_BATCH_CHOICES)
-    fused = [req.fused_ce] if req.fused_ce is not None else [False, True]
-    attns = [req.attention] + (["sdpa"] if req.attention == "eager" else [])
-    out = []
-    for st, ckpt, mb, fu, at in itertools.product(strategies, ckpts, mbs, fused, attns):
-        out.append(evaluate(req, st, _apply(base, st, ckpt, mb, fu, at)))
-    return out
-
-
-def best(cands: list[Candidate]) -> Candidate | None:
-    """Fastest fitting candidate; ties go to less memory. None when nothing fits."""
-    fitting = [c for c in cands if c.fits]
-    if not fitting:
-        return None
-    return min(fitting, key=lambda c: (round(c.cost, 3), c.estimate.gpu.total))
-
-
-def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
-    """The YAML fields to set so the training run matches candidate ``c``."""
-    s, ch = c.setup, {}
-    key = (s.deepspeed_stage, s.offload_optimizer, s.offload_param)
-    if s.deepspeed_stage is not None and key == (
-        req.deepspeed_stage,
-        req.offload_optimizer,
-        req.offload_param,
-    ):
-        pass  # the configured DeepSpeed file already is this strategy: nothing to change
-    elif s.deepspeed_stage is not None:
-        ch["deepspeed"] = DEEPSPEED_CONFIGS.get(key, f"<ZeRO-{key[0]} config with offload {key[1:]}>")
-    elif req.deepspeed_stage is not None:
-        ch["deepspeed"] = None
-    if s.fsdp and not req.fsdp:
-        ch["fsdp"] = FSDP_YAML[s.fsdp]
-    elif req.fsdp and not s.fsdp:
-        ch["fsdp"] = None
-    if req.gradient_checkpointing != s.gradient_checkpointing:
-        ch["gradient_checkpointing"] = s.gradient_checkpointing
-    if req.micro_batch != s.micro_batch:
-        ch["per_device_train_batch_size"] = s.micro_batch
-    if req.fused_ce != s.fused_ce:
-        ch["enable_liger_kernel"] = s.fused_ce
-    if req.attention != s.attention:
-        ch["flash_attn"] = "fa2" if s.attention == "flash" else s.attention
-    if s.finetuning_type != req.finetuning_type:
-        ch.update(finetuning_type="lora", lora_rank=s.lora_rank, lora_target="all")
-    if s.quantization_bit != req.quantization_bit:
-        ch["quantization_bit"] = s.quantization_bit
-    if s.optimizer != req.optimizer:
-        ch[f"use_{req.optimizer}"] = False
-    return ch
-
-
-def _label(c: Candidate) -> str:
-    s = c.setup
-    bits = [
-        c.strategy.name,
-        f"micro-batch {s.micro_batch}",
-        "checkpointing " + ("on" if s.gradient_checkpointing else "off"),
-    ]
-    if s.fused_ce:
-        bits.append("fused CE")
-    return ", ".join(bits)
-
-
-def _reason(req: PlanRequest, rec: Candidate, same_method_best: dict[str, Candidate]) -> str:
-    usable = req.gpu_memory_gib * mem.SAFETY_MARGIN
-    text = (
-        f"{_label(rec)} is the fastest setup that fits: it needs {rec.estimate.gpu.total:.1f} GiB per GPU "
-        f"of the {usable:.1f} GiB usable ({req.gpu_memory_gib:g} GiB x {mem.SAFETY_MARGIN})"
-        f", at a rough relative step cost of {rec.cost:.2f}."
-    )
-    if rec.setup.gradient_checkpointing:
-        text += " Gradient checkpointing is on: it re-runs each layer's forward (~33% more compute)."
-    else:
-        text += " Activations fit without gradient checkpointing, so no recompute cost."
-    if rec.setup.offload_optimizer:
-        text += f" Offload needs about {rec.estimate.cpu_gib:.0f} GiB of CPU memory per node."
-    tighter = [
-        f"{n} (best {c.estimate.gpu.total:.1f} GiB)" for n, c in same_method_best.items() if not c.fits
-    ]
-    if tighter:
-        text += " Did not fit: " + "; ".join(tighter[:4]) + "."
-    if rec.changes_method:
-        text += (
-            f" THIS CHANGES THE METHOD ({req.finetuning_type}"
-            f"{'' if req.quantization_bit is None else f' {req.quantization_bit}-bit'} -> {rec.strategy.method}):"
-            " nothing fits with the configured method on this hardware."
-        )
-    return text
-
-
 def _best_per_strategy(cands: list[Candidate]) -> dict[str, Candidate]:
     out: dict[str, Candidate] = {}
     for name in dict.fromkeys(c.strategy.name for c in cands):
@@ -324,20 +309,36 @@ def _best_per_strategy(cands: list[Candidate]) -> dict[str, Candidate]:
 
 
 def recommend(req: PlanRequest, cands: list[Candidate]) -> Recommendation | None:
-    same = [c for c in cands if not c.changes_method]
-    rec = best(same) or best([c for c in cands if c.changes_method])
+    """The fastest fitting setup; a method change when nothing of the configured method fits or when it
+    is at least METHOD_CHANGE_MIN_SPEEDUP times faster than the best that does."""
+    same = best([c for c in cands if not c.changes_method])
+    other = best([c for c in cands if c.changes_method])
+    rec = same
+    # LoRA -> QLoRA keeps the method's kind (an adapter on a frozen base); full/freeze -> an adapter
+    # changes what is trained, and is taken only when nothing of the configured method fits
+    adapter = req.finetuning_type == "lora"
+    faster = (
+        same is not None and adapter and same.cost >= METHOD_CHANGE_MIN_SPEEDUP * (other.cost if other else 0)
+    )
+    if other is not None and (same is None or faster):
+        rec = other
     if rec is None:
         return None
-    reason = _reason(req, rec, _best_per_strategy(same))
-    return Recommendation(rec, reason, yaml_changes(req, rec))
+    why = reason(req, rec, _best_per_strategy([c for c in cands if not c.changes_method]), same)
+    return Recommendation(rec, why, yaml_changes(req, rec))
+
+
+def configured_candidate(req: PlanRequest, cands: list[Candidate]) -> Candidate:
+    """The YAML's own setup: its strategy, micro-batch, checkpointing and kernels (auto fields searched)."""
+    strategy = configured_strategy(req)
+    group = [c for c in search(req, [strategy])]
+    return best(group) or min(group, key=lambda c: c.estimate.gpu.total)
 
 
 def plan(req: PlanRequest) -> PlanResult:
-    """Evaluate the configured strategy and every candidate; recommend the fastest that fits."""
-    cands = search(req, candidate_strategies(req))
-    configured_name = configured_strategy(req).name
-    conf_group = [c for c in cands if c.strategy.name == configured_name]
-    configured = best(conf_group) or min(conf_group, key=lambda c: c.estimate.gpu.total)
+    """Evaluate the configured setup and every candidate; recommend the fastest that fits."""
+    cands = search(req, candidate_strategies(req), open_all=True)
+    configured = configured_candidate(req, cands)
     notes = []
     if req.num_gpus == 1 and req.deepspeed_stage not in (None, 0, "auto") and not req.offload_optimizer:
         notes.append("DeepSpeed ZeRO on 1 GPU partitions nothing; only its offload saves GPU memory.")
@@ -353,7 +354,7 @@ def plan(req: PlanRequest) -> PlanResult:
     if rec is None:
         smallest = min(cands, key=lambda c: c.estimate.gpu.total)
         notes.append(
-            f"nothing fits, not even with LoRA/QLoRA; smallest: {_label(smallest)} at {smallest.estimate.gpu.total:.1f} GiB"
+            f"nothing fits, not even with LoRA/QLoRA; smallest: {label(smallest)} at {smallest.estimate.gpu.total:.1f} GiB"
         )
     return PlanResult(req, cands, configured, rec, megatron, notes)
 

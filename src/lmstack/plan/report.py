@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from lmstack.plan.estimate import estimate
+from lmstack.plan.memory import MemoryBreakdown
 from lmstack.plan.recommend import Candidate, PlanResult, _best_per_strategy
 
 TABLE_COLUMNS = (
-    "strategy", "mb", "ckpt", "weights", "grads", "optim", "adapters", "activ", "logits", "overhead", "total", "fits",
+    "strategy", "mb", "ckpt", "weights", "grads", "optim", "adapters", "activ", "logits", "stage", "alloc",
+    "frag", "ctx", "total", "fits",
 )  # fmt: skip
+BREAKDOWN_ROWS = (
+    ("weights", "weights"),
+    ("gradients", "gradients"),
+    ("optimizer", "optimizer states"),
+    ("adapters", "adapters (weights, grads, optimizer)"),
+    ("activations", "activations"),
+    ("logits", "loss head (logits / fused log-probs)"),
+)
 
 
 def shown_candidates(result: PlanResult) -> list[Candidate]:
@@ -15,11 +28,13 @@ def shown_candidates(result: PlanResult) -> list[Candidate]:
     for ckpt in (False, True):
         group = [c for c in result.candidates if c.setup.gradient_checkpointing == ckpt]
         rows += list(_best_per_strategy(group).values()) if group else []
-    return sorted(rows, key=lambda c: (not c.fits, c.changes_method, c.cost))
+    return sorted(rows, key=lambda c: (not c.fits, c.cost))
 
 
 def candidate_dict(c: Candidate) -> dict[str, object]:
     g = c.estimate.gpu.to_dict()
+    keys = ("weights", "gradients", "optimizer", "adapters", "activations", "logits", "stage", "allocated",
+            "fragmentation", "reserved", "cuda_context", "overhead", "total")  # fmt: skip
     return {
         "strategy": c.strategy.name,
         "fits": c.fits,
@@ -33,40 +48,83 @@ def candidate_dict(c: Candidate) -> dict[str, object]:
         "relative_cost": round(c.cost, 3),
         "cpu_gib": round(c.estimate.cpu_gib, 1),
         "why_not": c.why_not,
-        "per_gpu_gib": {
-            k: g[k]
-            for k in (
-                "weights",
-                "gradients",
-                "optimizer",
-                "adapters",
-                "activations",
-                "logits",
-                "overhead",
-                "total",
-            )
-        },
+        # comparable with torch.cuda.max_memory_allocated() / max_memory_reserved()
+        "allocated_gib": g["allocated"],
+        "reserved_gib": g["reserved"],
+        "seq_len": c.setup.seq_len,
+        "per_gpu_gib": {k: g[k] for k in keys},
+        "stage_terms_gib": g["terms"],
     }
 
 
+def breakdown_lines(c: Candidate) -> list[str]:
+    """Every row of one candidate's peak, the stage's own terms and the margins named."""
+    g = c.estimate.gpu
+    lines = [f"{label:<58}{getattr(g, key):>8.2f} GiB" for key, label in BREAKDOWN_ROWS if getattr(g, key)]
+    lines += [f"{name:<58}{v:>8.2f} GiB" for name, v in g.terms]
+    lines += [
+        f"{'= allocated (compare: torch.cuda.max_memory_allocated)':<58}{g.allocated:>8.2f} GiB",
+        f"{'+ margin: allocator fragmentation (reserved - allocated)':<58}{g.fragmentation:>8.2f} GiB",
+        f"{'= reserved (compare: torch.cuda.max_memory_reserved)':<58}{g.reserved:>8.2f} GiB",
+        f"{'+ margin: CUDA context + cuBLAS/NCCL workspaces':<58}{g.cuda_context:>8.2f} GiB",
+        f"{'= total on the GPU':<58}{g.total:>8.2f} GiB",
+    ]
+    return ["  " + line for line in lines]
+
+
+def worst_case(result: PlanResult) -> MemoryBreakdown | None:
+    """The configured setup with every row cutoff_len long (the data-unaware worst case)."""
+    req, conf = result.request, result.configured
+    if conf is None or req.length_source == "cutoff_len" or req.worst_seq_len in (None, req.seq_len):
+        return None
+    setup = replace(
+        conf.setup,
+        seq_len=req.worst_seq_len,
+        prompt_len=req.prompt_len and req.worst_seq_len - (req.seq_len - req.prompt_len),
+    )
+    return estimate(req.spec, setup).gpu
+
+
+def _lengths_line(result: PlanResult) -> str | None:
+    req, worst = result.request, worst_case(result)
+    if worst is None or result.configured is None:
+        return None
+    return (
+        f"rows: {req.seq_len} tokens ({req.length_source}) -> {result.configured.estimate.gpu.total:.1f} GiB; "
+        f"with every row {req.worst_seq_len} tokens (cutoff_len, the worst case) {worst.total:.1f} GiB"
+    )
+
+
 def format_table(result: PlanResult) -> str:
-    """Fixed-width table (GiB per GPU) followed by the recommendation and notes."""
+    """Fixed-width table (GiB per GPU), each rejected row's reason, the configured setup's breakdown,
+    the recommendation and notes."""
     req = result.request
     lines = [
-        f"{req.spec.model_type} {req.spec.num_params / 1e9:.2f}B params, {req.finetuning_type}, "
+        f"{req.spec.model_type} {req.spec.num_params / 1e9:.2f}B params, {req.stage} {req.finetuning_type}, "
         f"{req.num_gpus} GPU(s) x {req.gpu_memory_gib:g} GiB, seq_len {req.seq_len}",
-        "  ".join(f"{h:>8}" if i else f"{h:<24}" for i, h in enumerate(TABLE_COLUMNS)),
     ]
+    lengths = _lengths_line(result)
+    if lengths:
+        lines.append(lengths)
+    lines.append("  ".join(f"{h:>7}" if i else f"{h:<24}" for i, h in enumerate(TABLE_COLUMNS)) + "  why not")
     for c in shown_candidates(result):
         g = c.estimate.gpu
-        nums = (g.weights, g.gradients, g.optimizer, g.adapters, g.activations, g.logits, g.overhead, g.total)
+        nums = (g.weights, g.gradients, g.optimizer, g.adapters, g.activations, g.logits, g.stage, g.allocated,
+                g.fragmentation, g.cuda_context, g.total)  # fmt: skip
+        name = c.strategy.name + (" *" if c.changes_method else "")
         cells = [
-            f"{c.strategy.name:<24}",
-            f"{c.setup.micro_batch:>8}",
-            f"{'on' if c.setup.gradient_checkpointing else 'off':>8}",
+            f"{name:<24}",
+            f"{c.setup.micro_batch:>7}",
+            f"{'on' if c.setup.gradient_checkpointing else 'off':>7}",
         ]
-        cells += [f"{v:>8.1f}" for v in nums] + [f"{'✓' if c.fits else '✗':>8}"]
-        lines.append("  ".join(cells))
+        cells += [f"{v:>7.1f}" for v in nums] + [f"{'✓' if c.fits else '✗':>7}"]
+        lines.append("  ".join(cells) + (f"  {c.why_not}" if c.why_not else ""))
+    lines.append(
+        "(* = method change; frag and ctx are margins for what the planner does not model term by term)"
+    )
+    if result.configured is not None:
+        lines.append(f"configured setup ({result.configured.strategy.name}), per GPU:")
+        lines += breakdown_lines(result.configured)
     rec = result.recommendation
     if rec is None:
         lines.append("recommendation: nothing fits")
@@ -89,12 +147,19 @@ def to_json(result: PlanResult, all_candidates: bool = False) -> dict[str, objec
     """JSON-ready dict: candidates (best per strategy/ckpt unless ``all_candidates``), recommendation, megatron."""
     cands = result.candidates if all_candidates else shown_candidates(result)
     rec = result.recommendation
+    req = result.request
     return {
         "candidates": [candidate_dict(c) for c in cands],
         "configured": candidate_dict(result.configured) if result.configured else None,
         "recommendation": None
         if rec is None
         else {**candidate_dict(rec.candidate), "reason": rec.reason, "yaml_changes": rec.yaml_changes},
+        "lengths": {
+            "seq_len": req.seq_len,
+            "source": req.length_source,
+            "worst_case_seq_len": req.worst_seq_len,
+            "worst_case_gib": None if (w := worst_case(result)) is None else w.to_dict(),
+        },
         "megatron": [layout.to_dict() for layout in result.megatron],
         "notes": list(result.notes),
     }

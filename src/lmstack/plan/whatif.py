@@ -3,7 +3,10 @@ for that hypothetical machine, turned into the planner's request."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 from lmstack.config.schema import Config
 from lmstack.launch.context import LaunchContext
@@ -40,8 +43,33 @@ def request_from_config(
     nodes: int = 1,
     cpu_memory_gib: float | None = None,
     search: bool = False,
+    data: bool = False,
 ) -> PlanRequest:
-    """The request for `cfg` run on `gpus` x `nodes` GPUs: the run plan resolved for that machine."""
-    return request_from_plan(
-        plan_for(cfg, gpus * nodes, gpu_memory_gib), gpus, gpu_memory_gib, nodes, cpu_memory_gib, search
-    )
+    """The request for `cfg` run on `gpus` x `nodes` GPUs: the run plan resolved for that machine.
+    `data`: read the row lengths of an unpacked run from the data (plan/lengths.py)."""
+    run_plan = plan_for(cfg, gpus * nodes, gpu_memory_gib)
+    lengths = None
+    if data:
+        from lmstack.plan.lengths import data_lengths
+
+        lengths = data_lengths(run_plan)
+    return request_from_plan(run_plan, gpus, gpu_memory_gib, nodes, cpu_memory_gib, search, lengths=lengths)
+
+
+def machine_memory_gib() -> float | None:
+    """This machine's physical memory (the CPU RAM offload can use), None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def disk_free_gib(path: str) -> float | None:
+    """Free disk where `path` (output_dir) is or will be created: its nearest existing parent."""
+    here = Path(path).resolve()
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    try:
+        return shutil.disk_usage(here).free / 2**30
+    except OSError:
+        return None

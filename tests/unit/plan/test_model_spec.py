@@ -66,3 +66,42 @@ def test_lora_target_errors_name_field(specs) -> None:
         specs["qwen2.5-0.5b"].lora_params(8, ["qkv"])
     with pytest.raises(ValueError, match="lora_rank"):
         specs["qwen2.5-0.5b"].lora_params(0)
+
+
+FAST_PATH_CONFIGS = [
+    dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    dict(model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+         num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False),
+    dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=4,
+         num_attention_heads=32, num_key_value_heads=8),
+    dict(model_type="llama", vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+         num_attention_heads=8, attention_bias=True, mlp_bias=True, tie_word_embeddings=True),
+    dict(model_type="mistral", vocab_size=32000, hidden_size=1024, intermediate_size=3584, num_hidden_layers=2,
+         num_attention_heads=16, num_key_value_heads=8),
+    dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=2,
+         num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    dict(model_type="qwen3", vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+         num_attention_heads=4, num_key_value_heads=2, head_dim=64, attention_bias=True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fields", FAST_PATH_CONFIGS, ids=lambda f: f"{f['model_type']}-{f['hidden_size']}")
+def test_config_json_fast_path_counts_what_the_meta_model_counts(tmp_path, fields):
+    """`lmstack plan` reads Llama-family specs from config.json alone (no torch import): the same spec,
+    field for field, as the real transformers class built on the meta device."""
+    from transformers import AutoConfig
+
+    from lmstack.plan.model_spec import from_config_json
+
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    fast = from_config_json(tmp_path / "config.json")
+    assert fast is not None
+    assert fast == ModelSpec.from_config(AutoConfig.from_pretrained(str(tmp_path)))
+
+
+def test_other_models_take_the_meta_path(tmp_path):
+    from lmstack.plan.model_spec import from_config_json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64}))
+    assert from_config_json(tmp_path / "config.json") is None

@@ -1,6 +1,6 @@
 """The planner against lmstack's own measured peaks on the H200 (bench/results/plan_accuracy.json:
-47 runs of 2026-11-29 -- speed, stage, QLoRA, 1- and 2-GPU DDP/ZeRO/FSDP and bench/plan_accuracy.py's
-held-out set; runs made before commit db98c1b are predicted with the chunked-CE model of the loss they
+48 runs of 2026-11-29 -- speed, stage (SFT and one DPO LoRA), QLoRA, 1- and 2-GPU DDP/ZeRO/FSDP and
+bench/plan_accuracy.py's held-out set, all 'fit'; the stage set's runs join as 'predicted'; runs made before commit db98c1b are predicted with the chunked-CE model of the loss they
 ran, the rest with today's). Each prediction is recomputed from the run's exact config with today's planner, so a
 formula change that breaks agreement with the hardware fails here."""
 
@@ -31,11 +31,17 @@ def recomputed(tmp_path_factory):
     try:
         rows = []
         for run in doc["runs"]:
+            if not run.get("measured_gib"):
+                continue  # a run that failed or was only predicted
             plan_check.chunked_ce_model(run["chunked_ce_model"] != "current")  # the loss each run ran
             cfg = plan_check.local(run["config"], root, run["config"]["model_name_or_path"])
             fsdp = ":fsdp:" in run["name"]
-            pred = predict(cfg, plan_check.H200_GIB, gpus=run["num_gpus"], fsdp=fsdp)["allocated_equiv"]
-            rows.append((run["name"], run["measured_gib"], pred, run["source"]))
+            lengths = run.get("lengths") if run.get("data_aware") else None  # the data is not at hand here
+            pred = predict(cfg, plan_check.H200_GIB, gpus=run["num_gpus"], fsdp=fsdp,
+                           seq_len=(lengths or {}).get("seq_len"), prompt_len=(lengths or {}).get("prompt_len"))  # fmt: skip
+            rows.append(
+                (run["name"], run["measured_gib"], pred["allocated_equiv"], run["source"], run["basis"])
+            )
     finally:
         for name, value in saved.items():
             setattr(memory, name, value)
@@ -49,7 +55,7 @@ def test_there_is_enough_hardware_evidence(recomputed):
 
 
 def test_median_error_within_5_percent_and_worst_within_17(recomputed):
-    errors = sorted(abs(pred - meas) / meas * 100 for _, meas, pred, _ in recomputed)
+    errors = sorted(abs(pred - meas) / meas * 100 for _, meas, pred, *_ in recomputed)
     median = (errors[len(errors) // 2] + errors[(len(errors) - 1) // 2]) / 2
     assert median <= 5.0, errors
     # measured worst 16.8%: a checkpointed 0.5B full run whose loss term the planner overestimates
@@ -62,7 +68,29 @@ def test_the_chunked_loss_is_never_under_predicted(recomputed):
     """lmstack's chunked CE as it is now, measured without Liger (plan_runs_ce_h200.json): the 6 B x chunk
     x V of the code's own tensors under-predicted these runs by 6-11%; the planner may err high, not low."""
     rows = [
-        (name, meas, pred) for name, meas, pred, source in recomputed if source == "plan_runs_ce_h200.json"
+        (name, meas, pred) for name, meas, pred, source, _ in recomputed if source == "plan_runs_ce_h200.json"
     ]
     assert len(rows) == 4
     assert all(pred >= 0.97 * meas for _, meas, pred in rows), rows
+
+
+def _summary(rows) -> dict:
+    errors = sorted((pred - meas) / meas * 100 for _, meas, pred, *_ in rows)
+    if not errors:
+        return {"n": 0}
+    absolute = sorted(abs(e) for e in errors)
+    mid = len(absolute) // 2
+    median = absolute[mid] if len(absolute) % 2 else (absolute[mid - 1] + absolute[mid]) / 2
+    return {"n": len(errors), "median_abs_pct": round(median, 1), "worst_abs_pct": round(absolute[-1], 1),
+            "worst_under_pct": round(min(errors), 1)}  # fmt: skip
+
+
+def test_no_measured_run_is_under_predicted_by_more_than_5_percent(recomputed):
+    """Safe by construction: over every measured run, the planner's allocated figure is never more than 5%
+    below torch.cuda.max_memory_allocated. Reported apart: the runs the constants were fitted on ('fit')
+    and the runs predicted before they were measured ('predicted'; the issue's target applies to these)."""
+    by_basis = {basis: _summary([r for r in recomputed if r[4] == basis]) for basis in ("fit", "predicted")}
+    print("plan accuracy by basis:", by_basis)
+    assert {r[4] for r in recomputed} <= {"fit", "predicted"}
+    under = [(name, meas, round(pred, 3)) for name, meas, pred, *_ in recomputed if pred < 0.95 * meas]
+    assert not under, under

@@ -1,0 +1,140 @@
+"""What the planner says and checks about one candidate: the YAML changes that make a run match it,
+the words of the recommendation, and what this machine / this stage cannot run (the rules `lmstack
+check` and `lmstack train` apply), plus the disk a checkpoint needs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lmstack.plan import memory as mem
+from lmstack.plan.estimate import Setup
+from lmstack.plan.model_spec import ModelSpec
+
+if TYPE_CHECKING:
+    from lmstack.plan.recommend import Candidate, PlanRequest
+
+# YAML values for each DeepSpeed template: names of the templates shipped in lmstack/launch/templates/
+# (LF's examples/deepspeed files; z1 is lmstack's own), found from any working directory.
+DEEPSPEED_CONFIGS = {
+    (0, False, False): "z0",
+    (1, False, False): "z1",
+    (2, False, False): "z2",
+    (2, True, False): "z2_offload",
+    (3, False, False): "z3",
+    (3, True, True): "z3_offload",
+}
+FSDP_YAML = {"FULL_SHARD": "full_shard auto_wrap", "SHARD_GRAD_OP": "shard_grad_op auto_wrap"}
+
+# a method change (QLoRA) wins over a fitting setup of the configured method only when at least this
+# much faster: it changes what is trained (a 4-bit base), so a small speed-up does not pay for it
+METHOD_CHANGE_MIN_SPEEDUP = 1.5
+# bytes per parameter of one saved checkpoint (Trainer: weights + optimizer.pt; LoRA: the adapter)
+CHECKPOINT_FULL_BYTES = 2 + 12  # bf16 weights + fp32 master, Adam m + v
+CHECKPOINT_ADAPTER_BYTES = 4 + 8  # adapter weights + Adam m + v
+PACKAGE_FOR = {"deepspeed": "deepspeed", "qlora": "bitsandbytes", "liger": "liger_kernel"}
+
+
+def unsupported(req: PlanRequest, s: Setup) -> str:
+    """Why this machine / this stage cannot run `s` ('' when it can): the rules `lmstack check` and
+    `lmstack train` apply (plan/rules.py, models/quantization.py)."""
+    have = req.available
+    if s.deepspeed_stage is not None and have is not None and PACKAGE_FOR["deepspeed"] not in have:
+        return "unsupported here: DeepSpeed is not installed (pip install deepspeed)"
+    if s.quantization_bit and have is not None and PACKAGE_FOR["qlora"] not in have:
+        return "unsupported here: quantization needs bitsandbytes (pip install bitsandbytes)"
+    if s.quantization_bit == 8 and (s.deepspeed_stage == 3 or s.fsdp):
+        return "unsupported combination: 8-bit bases cannot be sharded by ZeRO-3/FSDP"
+    if not req.multi_process and (s.deepspeed_stage is not None or s.fsdp or s.num_gpus > 1):
+        return f"unsupported combination: stage {req.stage} runs in one process (no DeepSpeed/FSDP)"
+    if s.fused_ce and have is not None and PACKAGE_FOR["liger"] not in have and not req.fused_ce:
+        return "unsupported here: Liger's kernels need liger-kernel (pip install liger-kernel)"
+    return ""
+
+
+def checkpoint_gib(spec: ModelSpec, s: Setup) -> float:
+    """Disk for one saved checkpoint: the weights and optimizer states, or LoRA's adapter."""
+    if s.finetuning_type == "lora":
+        return CHECKPOINT_ADAPTER_BYTES * spec.lora_params(s.lora_rank, s.lora_target) / mem.GIB
+    return CHECKPOINT_FULL_BYTES * spec.num_params / mem.GIB
+
+
+def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
+    """The YAML fields to set so the training run matches candidate ``c``."""
+    s, ch = c.setup, {}
+    key = (s.deepspeed_stage, s.offload_optimizer, s.offload_param)
+    if s.deepspeed_stage is not None and key == (
+        req.deepspeed_stage,
+        req.offload_optimizer,
+        req.offload_param,
+    ):
+        pass  # the configured DeepSpeed file already is this strategy: nothing to change
+    elif s.deepspeed_stage is not None:
+        ch["deepspeed"] = DEEPSPEED_CONFIGS.get(key, f"<ZeRO-{key[0]} config with offload {key[1:]}>")
+    elif req.deepspeed_stage is not None:
+        ch["deepspeed"] = None
+    if s.fsdp and not req.fsdp:
+        ch["fsdp"] = FSDP_YAML[s.fsdp]
+    elif req.fsdp and not s.fsdp:
+        ch["fsdp"] = None
+    if req.gradient_checkpointing != s.gradient_checkpointing:
+        ch["gradient_checkpointing"] = s.gradient_checkpointing
+    if req.micro_batch != s.micro_batch:
+        ch["per_device_train_batch_size"] = s.micro_batch
+        if req.micro_batch:  # the batch the optimizer sees stays micro_batch x gradient_accumulation_steps
+            steps = req.micro_batch * req.gradient_accumulation_steps // s.micro_batch
+            if steps != req.gradient_accumulation_steps:
+                ch["gradient_accumulation_steps"] = steps
+    if bool(req.fused_ce) != s.fused_ce:
+        ch["enable_liger_kernel"] = s.fused_ce
+    if req.attention != s.attention:
+        # only sdpa is ever searched (from eager); fa2 would be refused where flash-attn is missing
+        ch["flash_attn"] = {"flash": "fa2", "eager": "disabled"}.get(s.attention, s.attention)
+    if s.finetuning_type != req.finetuning_type:
+        ch.update(finetuning_type="lora", lora_rank=s.lora_rank, lora_target="all")
+    if s.quantization_bit != req.quantization_bit:
+        ch["quantization_bit"] = s.quantization_bit
+    if s.optimizer != req.optimizer:
+        ch[f"use_{req.optimizer}"] = False
+    return ch
+
+
+def label(c: Candidate) -> str:
+    s = c.setup
+    bits = [
+        c.strategy.name,
+        f"micro-batch {s.micro_batch}",
+        "checkpointing " + ("on" if s.gradient_checkpointing else "off"),
+    ]
+    if s.fused_ce:
+        bits.append("fused CE")
+    return ", ".join(bits)
+
+
+def reason(
+    req: PlanRequest, rec: Candidate, same_method_best: dict[str, Candidate], same: Candidate | None
+) -> str:
+    usable = req.gpu_memory_gib * mem.SAFETY_MARGIN
+    text = (
+        f"{label(rec)} is the fastest setup that fits: it needs {rec.estimate.gpu.total:.1f} GiB per GPU "
+        f"of the {usable:.1f} GiB usable ({req.gpu_memory_gib:g} GiB x {mem.SAFETY_MARGIN})"
+        f", at a rough relative step cost of {rec.cost:.2f}."
+    )
+    if rec.setup.gradient_checkpointing:
+        text += " Gradient checkpointing is on: it re-runs each layer's forward (~33% more compute)."
+    else:
+        text += " Activations fit without gradient checkpointing, so no recompute cost."
+    if rec.setup.offload_optimizer:
+        text += f" Offload needs about {rec.estimate.cpu_gib:.0f} GiB of CPU memory per node."
+    tighter = [f"{n} ({c.why_not})" for n, c in same_method_best.items() if not c.fits]
+    if tighter:
+        text += " Did not fit: " + "; ".join(tighter[:4]) + "."
+    if rec.changes_method:
+        was = f"{req.finetuning_type}{'' if req.quantization_bit is None else f' {req.quantization_bit}-bit'}"
+        why = (
+            "nothing fits with the configured method on this hardware"
+            if same is None
+            else f"the best setup of the configured method ({label(same)}) costs {same.cost:.2f}, "
+            f">= {METHOD_CHANGE_MIN_SPEEDUP}x this one"
+        )
+        text += f" THIS CHANGES THE METHOD ({was} -> {rec.strategy.method}): {why}."
+    return text

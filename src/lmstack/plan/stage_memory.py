@@ -1,0 +1,95 @@
+"""The stages' own memory terms, each read from the code path that runs (TRL 1.16, lmstack's PPO).
+
+Every term is a named row of the breakdown (bytes per GPU, what it adds to the peak):
+
+* dpo (TRL DPOTrainer): chosen + rejected are one batch of 2 x micro_batch rows (``rows_per_example``);
+  the policy's log-probs come from TRL's fused log-prob head (no logits, memory.trl_logprob_bytes); then
+  the reference forward runs under no_grad *while the policy's activations are held* (before the
+  backward): its working set is one decoder layer of the batch plus one log-prob tile. The reference is
+  the policy with the adapter disabled (LoRA: no weights) or a frozen copy (full/freeze, ref_model).
+* orpo / simpo (TRL's experimental ORPO/CPO trainers): no reference; 2 x rows; the model's full
+  [tokens x vocab] logits and a log-softmax over them (``full_logits``).
+* kto (TRL KTOTrainer): the KL batch (each prompt with another row's answer) is a no-grad forward of
+  the policy *before* its own forward, so it never meets the policy's activations: it adds only where
+  its one-layer working set exceeds them. The reference then scores the KL batch and the batch, one
+  after the other, on top of the held activations.
+* rm (TRL RewardTrainer + lmstack's value head): 2 x rows, no LM logits (logits_to_keep=1), the fp32
+  copy of the last hidden states the value head reads (``value_head``).
+* grpo / rloo (TRL): sampling ``generated_rows`` completions at once holds their KV cache over
+  prompt + completion tokens and the sampling logits; then the training forward over micro_batch
+  rows of the same length uses the fused log-prob head. The two phases never coexist: the generation
+  row adds only what exceeds the training phase's activations + loss. A full-tuning KL term
+  (pref_beta > 0) loads a frozen copy as reference.
+* ppo (train/ppo.py): the rollout (KV cache + a no-grad forward over all rollout rows with their full
+  logits and fp32 log-softmax of the answers) and the update (micro_batch rows, full logits); the
+  reference (adapter off / copy) and the reward model's weights stay loaded; the rollout buffer
+  (ids, masks, log-probs, values, advantages, returns) stays on the GPU through the update.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lmstack.plan import memory as mem
+
+if TYPE_CHECKING:
+    from lmstack.plan.estimate import Setup
+    from lmstack.plan.model_spec import ModelSpec
+
+PAIRED_STAGES = ("dpo", "rm")  # chosen + rejected in one batch (orpo/simpo are dpo's pref_loss values)
+REFERENCE_FREE_LOSSES = ("orpo", "simpo")
+# rollout buffer per token per row: input ids + attention + answer mask (int64) and the fp32 log-prob,
+# value, advantage, return, reference log-prob (train/ppo.py make_experience)
+ROLLOUT_BUFFER_BYTES_PER_TOKEN = 3 * 8 + 5 * mem.FP32_BYTES
+
+
+def _sharded(s: Setup) -> int:
+    """How many ways a frozen copy is split: ZeRO-3 / FSDP FULL_SHARD shard it, the rest keep it whole."""
+    if s.deepspeed_stage == 3 or s.fsdp == "FULL_SHARD":
+        return s.num_gpus
+    return 1
+
+
+def _no_grad_forward(spec: ModelSpec, s: Setup, layer_bytes: float) -> float:
+    """One decoder layer's working set of the batch (what a no-grad forward holds at once) + one tile
+    of TRL's log-prob head."""
+    tokens = s.micro_batch * s.rows_per_example * s.seq_len
+    tile = min(tokens, mem.TRL_LOGPROB_TOKEN_TILE) * min(spec.vocab_size, mem.TRL_LOGPROB_VOCAB_TILE)
+    return layer_bytes + mem.BF16_BYTES * tile
+
+
+def _generation_phase(spec: ModelSpec, s: Setup) -> tuple[float, str]:
+    rows, length = s.generated_rows, s.seq_len
+    kv = mem.kv_cache_bytes(rows, length, spec.num_layers, spec.kv_dim)
+    phase = kv + mem.sampling_logits_bytes(rows, spec.vocab_size)
+    if s.stage == "ppo":  # make_experience: a no-grad forward over every rollout row, full logits
+        answer = max(length - s.prompt_len, 0)
+        phase += (
+            mem.BF16_BYTES * rows * length * spec.vocab_size
+            + 2 * mem.FP32_BYTES * rows * answer * spec.vocab_size
+        )
+    return phase, f"generation: KV cache of {rows} x {length} tokens + sampling logits"
+
+
+def stage_terms(
+    spec: ModelSpec, s: Setup, train_phase: float, layer_bytes: float
+) -> tuple[tuple[str, float], ...]:
+    """The named rows `s.stage` adds to the SFT-shaped estimate (bytes). `train_phase`: the training
+    forward/backward's activations + loss bytes; `layer_bytes`: one layer's full activations of the batch."""
+    rows: list[tuple[str, float]] = []
+    if s.reference == "copy":
+        rows.append(("reference model weights (frozen copy)", mem.BF16_BYTES * spec.num_params / _sharded(s)))
+    if s.stage in ("dpo", "kto") and s.reference != "none":
+        passes = "KL batch + batch, one at a time" if s.kl_batch else "the batch"
+        rows.append((f"reference forward, no grad ({passes}), over the held activations",
+                     _no_grad_forward(spec, s, layer_bytes)))  # fmt: skip
+    if s.kl_batch:  # before the policy's forward: only its excess over the training phase counts
+        rows.append(("KL batch forward, no grad (before the policy forward)",
+                     max(0.0, _no_grad_forward(spec, s, layer_bytes) - train_phase)))  # fmt: skip
+    if s.generated_rows:
+        phase, name = _generation_phase(spec, s)
+        rows.append((name, max(0.0, phase - train_phase)))
+    if s.stage == "ppo":
+        rows.append(("reward model weights", mem.BF16_BYTES * s.reward_model_params))
+        rows.append(("rollout buffer", ROLLOUT_BUFFER_BYTES_PER_TOKEN * s.generated_rows * s.seq_len))
+    return tuple(rows)

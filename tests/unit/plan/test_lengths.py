@@ -1,0 +1,76 @@
+"""Data-aware row lengths for unpacked runs (plan/lengths.py): the planner reads the data's own lengths
+(tokenized cache, else one real pipeline pass) instead of assuming every row is cutoff_len long."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmstack.config.load import build_config
+from lmstack.data.pipeline import build_datasets
+from lmstack.models.load import load_tokenizer
+from lmstack.plan import format_table, plan, to_json
+from lmstack.plan.from_config import request_from_plan
+from lmstack.plan.lengths import bound, data_lengths
+from lmstack.plan.whatif import plan_for
+from lmstack.templates import get_template
+
+
+def encoded(cfg):
+    tokenizer = load_tokenizer(cfg)
+    template = get_template(cfg.data.template, tokenizer)
+    template.fix_tokenizer(tokenizer)
+    return build_datasets(cfg, tokenizer, template).train
+
+
+def test_unpacked_sft_plans_for_the_longest_row_not_cutoff_len(base_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cfg = build_config({**base_cfg, "cutoff_len": 4096, "max_steps": -1, "num_train_epochs": 1})
+    run_plan = plan_for(cfg, 1, 24)
+    first = data_lengths(run_plan)  # cold cache: one pipeline pass, which stores the entry
+    assert first is not None and "tokenizer pass" in first.source
+    real = int(encoded(cfg).lengths("input_ids").max())
+    assert first.longest == first.bound == real < 4096
+    again = data_lengths(run_plan)  # warm: read from the cache's offsets, no tokenizer
+    assert "tokenized cache" in again.source and again.longest == real
+    req = request_from_plan(run_plan, 1, 24, lengths=again)
+    assert req.seq_len == real and req.worst_seq_len == 4096
+    result = plan(req)
+    data = to_json(result)["lengths"]
+    assert data["seq_len"] == real and data["worst_case_gib"]["total"] > result.configured.estimate.gpu.total
+    assert "cutoff_len, the worst case" in format_table(result)
+
+
+def test_an_entry_with_other_encode_options_is_not_read(base_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    short = build_config({**base_cfg, "cutoff_len": 32})
+    encoded(short)  # fills the cache for cutoff_len 32
+    long_plan = plan_for(build_config({**base_cfg, "cutoff_len": 2048}), 1, 24)
+    assert data_lengths(long_plan, tokenize=False) is None  # no entry for these options: not guessed
+
+
+def test_pairwise_rows_count_the_longer_of_chosen_and_rejected(base_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    cfg = build_config(
+        {**base_cfg, "stage": "dpo", "dataset": "dpo_en_demo", "cutoff_len": 4096, "max_steps": -1}
+    )
+    got = data_lengths(plan_for(cfg, 1, 40))
+    rows = encoded(cfg)
+    want = int(np.maximum(rows.lengths("chosen_input_ids"), rows.lengths("rejected_input_ids")).max())
+    assert got.longest == want
+
+
+def test_packed_rows_keep_the_row_capacity(base_cfg):
+    cfg = build_config({**base_cfg, "packing": True})
+    assert data_lengths(plan_for(cfg, 1, 24)) is None
+
+
+@pytest.mark.parametrize("seen", [1, 16, 200, 10_000])
+def test_a_short_run_is_bounded_by_the_rows_it_draws(seen):
+    lengths = np.arange(1, 1001)  # 1000 rows of 1..1000 tokens
+    got = bound(lengths, seen)
+    if seen >= 1000:
+        assert got == 1000
+    else:  # P(longest of `seen` random rows <= got) >= 95%
+        assert (np.mean(lengths <= got)) ** seen >= 0.95 and got <= 1000
+    assert bound(lengths, 16) < bound(lengths, 200) <= 1000
