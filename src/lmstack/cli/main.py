@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 from lmstack import __version__
-from lmstack.config.errors import LmstackError
+from lmstack.config.errors import ConfigError, LmstackError
 
 logger = logging.getLogger("lmstack")
 
@@ -117,16 +117,25 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from lmstack.config.load import load_config
     from lmstack.launch.context import LaunchContext
+    from lmstack.models.load import check_model_path
     from lmstack.plan import check_layout, enumerate_layouts, format_table, plan, pretrain_gpt_args, to_json
     from lmstack.plan.from_config import request_from_plan
     from lmstack.plan.whatif import plan_for
 
     cfg = load_config(args.config, args.overrides)
+    check_model_path(cfg)  # a hub id that is not cached while offline: one line, as `train` says it
     here = LaunchContext.from_env()
     gpus = args.gpus or max(here.gpu_count, 1)
     memory = args.gpu_memory or here.gpu_memory_gib or 80.0
     run_plan = plan_for(cfg, gpus * args.nodes, memory)  # the run plan on that machine
-    req = request_from_plan(run_plan, gpus, memory, args.nodes, args.cpu_memory, search=args.search)
+    try:
+        req = request_from_plan(run_plan, gpus, memory, args.nodes, args.cpu_memory, search=args.search)
+    except OSError as err:  # config.json unreachable (no network, no cache): transformers' OSError
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"model_name_or_path: {cfg.model.model_name_or_path}: its config.json cannot be read ({first}); "
+            "give a local model directory, or download the model first"
+        ) from None
     if args.megatron or args.tp or args.pp:
         total, per_node = gpus * args.nodes, gpus
         mb = args.micro_batches
