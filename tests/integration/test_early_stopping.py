@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from lmstack.train.run import train
 
 
-def test_early_stopping_keeps_and_loads_the_best_checkpoint(base_cfg):
+@pytest.mark.parametrize("limit", [1, 2])
+def test_early_stopping_keeps_and_loads_the_best_checkpoint(base_cfg, limit):
     cfg = {
         **base_cfg,
         "cutoff_len": 64,
@@ -24,7 +26,7 @@ def test_early_stopping_keeps_and_loads_the_best_checkpoint(base_cfg):
         "eval_strategy": "steps",
         "eval_steps": 2,
         "save_steps": 2,
-        "save_total_limit": 1,
+        "save_total_limit": limit,
         "load_best_model_at_end": True,
         "early_stopping_steps": 2,
     }
@@ -38,8 +40,11 @@ def test_early_stopping_keeps_and_loads_the_best_checkpoint(base_cfg):
     assert state["global_step"] == best_step + 2 * 2 == max(evals)
     assert state["best_global_step"] == best_step and state["best_metric"] == evals[best_step]
     assert state["best_model_checkpoint"] == str(out / f"checkpoint-{best_step}")  # not the staging folder
-    # save_total_limit: 1 keeps only the best one (the newer checkpoints are rotated away)
-    assert [p.name for p in out.glob("checkpoint-*")] == [f"checkpoint-{best_step}"]
+    # rotation never deletes the best one: save_total_limit: 1 keeps only it (transformers drops the
+    # newest at the end), 2 keeps it and the newest
+    kept = sorted(p.name for p in out.glob("checkpoint-*"))
+    newest = [] if limit == 1 else [f"checkpoint-{state['global_step']}"]
+    assert kept == sorted([f"checkpoint-{best_step}", *newest])
     final = load_file(out / "adapter_model.safetensors")
     best = load_file(out / f"checkpoint-{best_step}" / "adapter_model.safetensors")
     assert final.keys() == best.keys()
