@@ -10,6 +10,9 @@ from pathlib import Path
 
 
 def cmd_api(args: argparse.Namespace) -> int:
+    from lmstack.config.extras import require
+
+    require("serve", "lmstack api")  # fastapi + uvicorn, before the model loads
     from lmstack.infer.engine import ChatEngine, adapter_dirs, load_infer_config
     from lmstack.infer.server import Limits, check_bind, serve
 

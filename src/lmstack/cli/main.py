@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 from lmstack import __version__
-from lmstack.config.errors import LmstackError
+from lmstack.config.errors import ConfigError, LmstackError
 
 logger = logging.getLogger("lmstack")
 
@@ -117,12 +117,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from lmstack.config.load import load_config
     from lmstack.launch.context import LaunchContext
+    from lmstack.models.load import check_model_path
     from lmstack.plan import check_layout, enumerate_layouts, format_table, plan, pretrain_gpt_args, to_json
     from lmstack.plan.from_config import request_from_plan
     from lmstack.plan.lengths import data_lengths
     from lmstack.plan.whatif import disk_free_gib, machine_memory_gib, plan_for
 
     cfg = load_config(args.config, args.overrides)
+    check_model_path(cfg)  # a hub id that is not cached while offline: one line, as `train` says it
     # the GPU is probed (torch imported) only when --gpus / --gpu-memory leave something to read
     here = LaunchContext.from_env(probe_cuda=not (args.gpus and args.gpu_memory))
     gpus = args.gpus or max(here.gpu_count, 1)
@@ -132,10 +134,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     local = not args.gpu_memory  # planning for this machine: its CPU RAM and disk are constraints too
     cpu = args.cpu_memory or (machine_memory_gib() if local else None)
     disk = disk_free_gib(cfg.training.output_dir) if local else None
-    req = request_from_plan(
-        run_plan, gpus, memory, args.nodes, cpu, search=args.search, lengths=lengths,
-        available=here.packages, disk_free_gib=disk,
-    )  # fmt: skip
+    try:
+        req = request_from_plan(
+            run_plan, gpus, memory, args.nodes, cpu, search=args.search, lengths=lengths,
+            available=here.packages, disk_free_gib=disk,
+        )  # fmt: skip
+    except OSError as err:  # config.json unreachable (no network, no cache): transformers' OSError
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"model_name_or_path: {cfg.model.model_name_or_path}: its config.json cannot be read ({first}); "
+            "give a local model directory, or download the model first"
+        ) from None
     if args.megatron or args.tp or args.pp:
         total, per_node = gpus * args.nodes, gpus
         mb = args.micro_batches

@@ -40,12 +40,13 @@ VLLM = "the vLLM inference engine"
 SGL = "the SGLang inference engine"
 RAY = "Ray-launched training"
 PROF = "the torch profiler"
-SWAN = "SwanLab logging through LF's callback"
+SWAN = "SwanLab's Lark (Feishu) notifications"
 EVAL = "`llamafactory-cli eval` multiple-choice benchmarks: MMLU, CMMLU, C-Eval"
 MEGA = "the Megatron Bridge backend, USE_MEGATRON_BRIDGE=1"
 DERIVED = "derived by LF from other fields, not a config key in LF either"
 HF = "transformers TrainingArguments option that LF passes to the Trainer"
 HUB = "pushing to the Hugging Face Hub from the Trainer"
+TRACKIO_SPACE = "trackio logging to a Hugging Face Space (lmstack logs trackio runs locally)"
 
 LF_FIELDS: dict[str, LFField] = {
     # ---- §1.1 BaseModelArguments ----
@@ -125,13 +126,6 @@ LF_FIELDS: dict[str, LFField] = {
     "reward_model_quantization_bit": D("a quantized reward model", None),
     "ld_alpha": D("LD-DPO length desensitisation", None),
     # ---- §3.8 SwanLabArguments ----
-    "use_swanlab": D(SWAN, False),
-    "swanlab_project": R(SWAN, "llamafactory"),
-    "swanlab_workspace": R(SWAN),
-    "swanlab_run_name": R(SWAN),
-    "swanlab_mode": R(SWAN, "cloud"),
-    "swanlab_api_key": R(SWAN),
-    "swanlab_logdir": R(SWAN),
     "swanlab_lark_webhook_url": R(SWAN),
     "swanlab_lark_secret": R(SWAN),
     # ---- §3.9 FinetuningArguments own fields ----
@@ -143,7 +137,6 @@ LF_FIELDS: dict[str, LFField] = {
     "freeze_vision_tower": D("training the vision tower of a vision-language model", True),
     "freeze_multi_modal_projector": D("training the projector of a vision-language model", True),
     "freeze_language_model": D("freezing the language model of a vision-language model", False),
-    "early_stopping_steps": D("early stopping on metric_for_best_model", None),
     "megatron_bridge_args": R(DERIVED),
     # ---- §4 GeneratingArguments ----
     "max_length": D("a total-length generation cap; LF drops it when max_new_tokens > 0", 1024),
@@ -216,13 +209,9 @@ LF_FIELDS: dict[str, LFField] = {
     "include_num_input_tokens_seen": R(
         HF, "no", hint="num_input_tokens_seen (non-padding tokens) is always logged"
     ),
-    "load_best_model_at_end": D("loading the best checkpoint at the end", False),
-    "metric_for_best_model": D("choosing a best checkpoint", None),
-    "greater_is_better": D("choosing a best checkpoint", None),
-    "project": D("the trackio tracker", "huggingface"),
-    "trackio_space_id": D("the trackio tracker", None),
-    "trackio_bucket_id": D("the trackio tracker", None),
-    "trackio_static_space_id": D("the trackio tracker", None),
+    "trackio_space_id": D(TRACKIO_SPACE, None),
+    "trackio_bucket_id": D(TRACKIO_SPACE, None),
+    "trackio_static_space_id": D(TRACKIO_SPACE, None),
     "save_safetensors": D(".bin checkpoints, transformers v4", True),
     "push_to_hub": D(HUB, False),
     "hub_token": D(HUB, None),

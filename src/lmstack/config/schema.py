@@ -316,12 +316,10 @@ class FinetuningArgs(Section):
 
 # optimizers the validator passes without importing transformers (its OptimizerNames list is the rule)
 FAST_OPTIMS = frozenset({"adamw_torch", "adamw_torch_fused", "muon"})
-# `report_to` trackers lmstack has today, and the transformers integrations it does not have yet (issue 22)
-TRACKERS = ("tensorboard",)
-TRACKERS_LATER = tuple(
-    "azure_ml clearml codecarbon comet_ml dagshub dvclive flyte kubeflow mlflow neptune swanlab trackio "
-    "wandb".split()
-)
+# `report_to` trackers lmstack runs (transformers' integration callbacks; each an extra of its own), and
+# the transformers integrations it does not have yet
+TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab", "trackio")
+TRACKERS_LATER = tuple("azure_ml clearml codecarbon comet_ml dagshub dvclive flyte kubeflow neptune".split())
 
 
 def optim_names() -> list[str]:
@@ -332,8 +330,9 @@ def optim_names() -> list[str]:
 
 
 def normalize_report_to(value: object) -> str:
-    """LF's forms (`wandb`, `wandb,tensorboard`, a YAML list, `none`, `all`) -> "none" or a comma list
-    of the trackers lmstack has; a tracker lmstack lacks is refused by name."""
+    """LF's forms (`wandb`, `wandb,tensorboard`, a YAML list, `none`, `all`) -> "none", "all" (every
+    tracker lmstack has that is installed where the run starts) or a comma list of tracker names;
+    a tracker lmstack lacks is refused by name."""
     if value is None or value is False:
         return "none"
     if isinstance(value, list | tuple):
@@ -345,13 +344,11 @@ def normalize_report_to(value: object) -> str:
     names = [n for n in names if n]
     if not names or names == ["none"]:
         return "none"
-    if "all" in names:
-        names = list(TRACKERS)  # every tracker lmstack has
     later = [n for n in names if n in TRACKERS_LATER]
     if later:
         raise ValueError(
-            f"{', '.join(later)}: not available yet in lmstack (trackers today: none | all | "
-            f"{' | '.join(TRACKERS)}); remove {'them' if len(later) > 1 else 'it'} or use tensorboard"
+            f"{', '.join(later)}: not available yet in lmstack (trackers: none | all | "
+            f"{' | '.join(TRACKERS)}); remove {'them' if len(later) > 1 else 'it'}"
         )
     allowed = ["none", "all", *TRACKERS]
     for name in names:
@@ -359,8 +356,10 @@ def normalize_report_to(value: object) -> str:
             raise ValueError(
                 f"unknown tracker {name!r}; allowed: {' | '.join(allowed)}{did_you_mean(name, allowed)}"
             )
-    if "none" in names:
-        raise ValueError("`none` together with a tracker; write `none` alone or the trackers alone")
+    if len(names) > 1 and ("none" in names or "all" in names):
+        raise ValueError(
+            "`none` / `all` together with a tracker; write `none` or `all` alone, or the trackers"
+        )
     return ",".join(dict.fromkeys(names))
 
 
@@ -431,6 +430,25 @@ class TrainingArgs(Section):
     save_only_model: bool = Field(False, description="Checkpoints without optimizer/scheduler state.")
     eval_strategy: Literal["no", "steps", "epoch"] = Field("no", description="When to evaluate.")
     eval_steps: int | None = Field(None, gt=0, description="Evaluate every N steps.")
+    load_best_model_at_end: bool = Field(
+        False,
+        description="Load the best checkpoint (by metric_for_best_model) at the end; rotation by "
+        "save_total_limit always keeps it. Needs evaluation data and save_strategy equal to eval_strategy.",
+    )
+    metric_for_best_model: str | None = Field(
+        None,
+        description="Eval metric that picks the best checkpoint, e.g. loss or accuracy (eval_ prefix optional); "
+        "default loss with load_best_model_at_end.",
+    )
+    greater_is_better: bool | None = Field(
+        None, description="A larger metric_for_best_model is better (default: false for *loss, else true)."
+    )
+    early_stopping_steps: int | None = Field(
+        None,
+        gt=0,
+        description="Early-stopping patience: stop after N evaluations without improvement of "
+        "metric_for_best_model (needs load_best_model_at_end).",
+    )
     do_predict: bool = Field(
         False, description="sft: generate for the eval data after training (or alone with do_train: false)."
     )
@@ -448,9 +466,32 @@ class TrainingArgs(Section):
     report_to: str = Field(
         "none",
         description="Experiment trackers, as LF writes them: a name, a comma list or a YAML list; "
-        "none | all (every tracker lmstack has) | tensorboard.",
+        "none | all (every installed one) | tensorboard | wandb | mlflow | swanlab | trackio (each an extra: "
+        "pip install 'lmstack[wandb]').",
     )
     logging_dir: str | None = Field(None, description="TensorBoard log dir (default output_dir/runs).")
+    project: str = Field(
+        "huggingface",
+        min_length=1,
+        description="report_to: trackio: the trackio project the run is logged in.",
+    )
+    use_swanlab: bool = Field(
+        False,
+        description="Log to SwanLab with the swanlab_* settings below (LF's switch; needs the swanlab extra).",
+    )
+    swanlab_project: str | None = Field("llamafactory", description="use_swanlab: the SwanLab project.")
+    swanlab_workspace: str | None = Field(None, description="use_swanlab: the SwanLab workspace.")
+    swanlab_run_name: str | None = Field(None, description="use_swanlab: the experiment name.")
+    swanlab_mode: Literal["cloud", "local", "offline", "disabled"] = Field(
+        "cloud",
+        description="use_swanlab: cloud (uploads) | local | offline (both stay on this machine) | disabled.",
+    )
+    swanlab_api_key: SecretStr | None = Field(
+        None, description="use_swanlab: API key to log in (cloud mode)."
+    )
+    swanlab_logdir: str | None = Field(
+        None, description="Where SwanLab writes its run (default output_dir/swanlog, or SWANLAB_LOG_DIR)."
+    )
     resume_from_checkpoint: str | None = Field(
         None, description="A checkpoint dir, or 'auto' for the newest one."
     )

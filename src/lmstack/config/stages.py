@@ -21,6 +21,7 @@ class StageSpec:
     eval_accuracy: bool = False  # compute_accuracy reports token accuracy
     multi_process: bool = True  # runs under torchrun / DeepSpeed
     needs_reward: bool = False  # reward_model or reward_funcs
+    trainer: bool = True  # a transformers/TRL Trainer runs it (trackers, early stopping, best checkpoint)
 
 
 STAGE_SPECS: dict[str, StageSpec] = {
@@ -54,6 +55,7 @@ STAGE_SPECS: dict[str, StageSpec] = {
         value_head=True,
         multi_process=False,
         needs_reward=True,
+        trainer=False,
     ),
     # grpo/rloo: the KL term (pref_beta) uses the adapter-off base, never a ref_model
     "grpo": StageSpec("grpo", "prompt", generates=True, needs_reward=True),

@@ -10,6 +10,7 @@ generation keep the model's own forward (logits returned).
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 from typing import Any
@@ -134,13 +135,26 @@ def _fused_forward(self, input_ids=None, labels=None, **kwargs):
     loss = linear_cross_entropy(
         outputs.last_hidden_state, self.get_output_embeddings().weight, shift_labels, num_items
     )
+    cache = _cache_field()  # the KV cache under this transformers' name, read without the alias's warning
     return CausalLMOutputWithPast(
         loss=loss,
         logits=None,
-        past_key_values=getattr(outputs, "past_key_values", None),
         hidden_states=getattr(outputs, "hidden_states", None),
         attentions=getattr(outputs, "attentions", None),
+        **{cache: getattr(outputs, cache, None)},
     )
+
+
+@functools.cache
+def _cache_field() -> str:
+    """`cache` on transformers >= 5.2x (where `past_key_values` is a deprecated alias that warns), else
+    `past_key_values`."""
+    import dataclasses
+
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    names = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+    return "cache" if "cache" in names else "past_key_values"
 
 
 def fused_ce_unsupported(model: Any) -> str | None:

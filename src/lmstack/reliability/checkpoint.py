@@ -191,15 +191,22 @@ def delete_checkpoint(folder: Path) -> None:
 
 
 def rotate_checkpoints(output_dir: str | Path, limit: int | None, keep: tuple[str, ...] = ()) -> list[Path]:
-    """Keep the newest `limit` complete checkpoints (never fewer than 1) plus `keep`; older complete
-    ones are deleted. Folders without a manifest are left alone (they are never resumed from)."""
+    """At most `limit` complete checkpoints, `keep` (the best one) counted among them as transformers
+    counts it: the newest ones fill the rest, and the newest always stays (limit 1 with an older best
+    keeps two until the Trainer drops the newest at the end). Older complete ones are deleted; folders
+    without a manifest are left alone (they are never resumed from)."""
     if not limit:
         return []
     complete = [p for p in list_checkpoints(output_dir) if verify_checkpoint(p, deep=False) is None]
     keep_paths = {Path(k).resolve() for k in keep if k}
+    kept = [p for p in complete if p.resolve() in keep_paths]
+    newest = max(limit, 1)
+    while newest > 1 and len({*complete[:newest], *kept}) > limit:
+        newest -= 1
+    retained = {*complete[:newest], *kept}
     deleted = []
-    for folder in complete[max(limit, 1) :]:
-        if folder.resolve() in keep_paths:
+    for folder in complete:
+        if folder in retained:
             continue
         delete_checkpoint(folder)
         deleted.append(folder)

@@ -22,7 +22,8 @@ run's, lists every change and refuses (ConfigError, exit 2) unless each one is s
     num_train_epochs freely while max_steps > 0 decides the length;
   - cadence and reporting: logging_steps, save_strategy, save_steps, save_total_limit, save_only_model,
     eval_strategy, eval_steps, per_device_eval_batch_size, do_eval, report_to, logging_dir,
-    disable_tqdm, plot_loss, print_param_status, include_effective_tokens_per_second;
+    disable_tqdm, plot_loss, print_param_status, include_effective_tokens_per_second, the trackers'
+    project / use_swanlab / swanlab_* settings;
   - where things are: output_dir, overwrite_output_dir, resume_from_checkpoint, dataset_dir (the
     data is compared by content), tokenized_path (checked by its own key), cache_dir, export_dir,
     export_size, export_device, export_overwrite, hf_hub_token;
@@ -96,7 +97,8 @@ SAFE_TO_CHANGE = frozenset(
     tokenized_path cache_dir export_dir export_size export_device export_overwrite hf_hub_token
     dataloader_num_workers ddp_timeout overwrite_cache preprocessing_num_workers preprocessing_batch_size
     gradient_checkpointing disable_gradient_checkpointing use_reentrant_gc on_nonfinite
-    nonfinite_skip_budget""".split()
+    nonfinite_skip_budget project use_swanlab swanlab_project swanlab_workspace swanlab_run_name swanlab_mode
+    swanlab_api_key swanlab_logdir""".split()
 )
 SAFE_TO_RAISE = frozenset({"max_steps", "num_train_epochs"})
 SAFE_DECISIONS = frozenset({"world_size", "checkpointing"})

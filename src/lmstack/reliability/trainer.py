@@ -317,6 +317,7 @@ class ReliableMixin:
             if self.args.should_save:
                 check_adapter_file(root / f"checkpoint-{step}")
         self.accelerator.wait_for_everyone()  # every rank's files (rng_state_<rank>.pth, shards) are written
+        self._lm_best_outside_staging(root, out)
         if self.args.should_save:
             meta = {
                 "step": step,
@@ -334,6 +335,18 @@ class ReliableMixin:
             best = self.state.best_model_checkpoint
             rotate_checkpoints(out, self.args.save_total_limit, keep=(best,) if best else ())
         self.accelerator.wait_for_everyone()
+
+    def _lm_best_outside_staging(self, root: Path, out: Path) -> None:
+        """The Trainer records the best checkpoint (load_best_model_at_end) under the folder it saved
+        into, the staging root; it is committed to output_dir/checkpoint-N, so the state (and the staged
+        trainer_state.json that a resume reads) names that folder."""
+        best = self.state.best_model_checkpoint
+        if not best or Path(best).parent != root:
+            return
+        self.state.best_model_checkpoint = str(out / Path(best).name)
+        staged = root / f"checkpoint-{self.state.global_step}" / "trainer_state.json"
+        if self.args.should_save and staged.is_file():
+            self.state.save_to_json(str(staged))
 
     # ---- FSDP + LoRA: the adapter comes back from the verified adapter file ----------------------
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:

@@ -14,6 +14,7 @@ from lmstack.config.schema import Config
 from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.output_dir import CONFIG_FILE, LOG_FILE, OWN_OUTPUTS  # noqa: F401 (stages use them)
 from lmstack.reliability.output_dir import prepare as prepare_output_dir
+from lmstack.train import best_model, trackers
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,11 @@ def training_arguments(plan: RunPlan) -> Any:
         save_only_model=t.save_only_model,
         eval_strategy=t.eval_strategy,
         eval_steps=t.eval_steps,
-        report_to="none" if t.report_to == "none" else t.report_to.split(","),
+        report_to=trackers.trainer_report_to(cfg),  # [] = none; `all` = the installed ones
+        project=t.project,  # trackio's project
+        load_best_model_at_end=t.load_best_model_at_end,
+        metric_for_best_model=t.metric_for_best_model,
+        greater_is_better=t.greater_is_better,
         dataloader_num_workers=t.dataloader_num_workers,
         ddp_timeout=t.ddp_timeout,
         ddp_find_unused_parameters=t.ddp_find_unused_parameters,
@@ -251,7 +256,13 @@ def make_callbacks(cfg: Config) -> list:
     from lmstack.reliability.trainer import manifest_callback
 
     # manifest: only where `reliable` is not used; with the config, so it records the run
-    return [LogCallback(), SaveLastStep(), manifest_callback(cfg)]
+    return [
+        LogCallback(),
+        SaveLastStep(),
+        manifest_callback(cfg),
+        *best_model.callbacks(cfg),
+        *trackers.callbacks(cfg),
+    ]
 
 
 def _hms(seconds: float) -> str:
@@ -263,8 +274,9 @@ def train_and_save(plan: RunPlan, trainer: Any, resume: str | None, plot_keys: t
     """Every Trainer-based stage's last step: train (resuming when asked), write the outputs (plots of
     the loss and of the stage's own `plot_keys` with `plot_loss`); returns the train metrics."""
     cfg = plan.cfg
-    result = trainer.train(resume_from_checkpoint=resume)
-    save_outputs(plan, trainer, result, plot_keys)
+    with trackers.active(trainer, cfg):  # logging_dir, wandb's folder, the run's parameters
+        result = trainer.train(resume_from_checkpoint=resume)
+        save_outputs(plan, trainer, result, plot_keys)
     logger.info("outputs written to %s", cfg.training.output_dir)
     return dict(result.metrics)
 

@@ -77,6 +77,18 @@ def _accuracy(plan: RunPlan) -> None:
         )
 
 
+def _trackers(plan: RunPlan) -> None:
+    from lmstack.train.trackers import check as check_trackers
+
+    check_trackers(plan.cfg)  # report_to: installed (naming the extra), and a stage that reports
+
+
+def _best_model(plan: RunPlan) -> None:
+    from lmstack.train.best_model import check as check_best_model
+
+    check_best_model(plan.cfg)  # load_best_model_at_end / early_stopping_steps combinations
+
+
 def _output_dir(plan: RunPlan) -> None:
     from lmstack.reliability.output_dir import check_paths
 
@@ -93,6 +105,8 @@ CHECKS: list[Callable[[RunPlan], None]] = [
     _quantization,
     _stage,
     _accuracy,
+    _trackers,
+    _best_model,
 ]
 
 

@@ -152,22 +152,30 @@ def test_warmup_stable_decay_needs_num_decay_steps_instead_of_a_trainer_tracebac
     "value,expected",
     [
         ("none", "none"), (None, "none"), (False, "none"), ([], "none"), ("tensorboard", "tensorboard"),
-        (["tensorboard"], "tensorboard"), ("all", "tensorboard"), (" tensorboard , ", "tensorboard"),
+        (["tensorboard"], "tensorboard"), ("all", "all"), (" tensorboard , ", "tensorboard"),
+        ("wandb,tensorboard", "wandb,tensorboard"), (["mlflow", "trackio", "swanlab"], "mlflow,trackio,swanlab"),
     ],
 )  # fmt: skip
 def test_report_to_accepts_lf_forms(value, expected):
     assert build_config({**BASE, "report_to": value}).training.report_to == expected
 
 
-@pytest.mark.parametrize("value", ["wandb", "tensorboard,wandb", ["wandb", "tensorboard"], "mlflow"])
+@pytest.mark.parametrize("value", ["neptune", "tensorboard,comet_ml", ["clearml", "wandb"]])
 def test_report_to_trackers_not_there_yet_are_named(value):
-    name = "mlflow" if value == "mlflow" else "wandb"
+    name = {"neptune": "neptune", "tensorboard,comet_ml": "comet_ml"}.get(str(value), "clearml")
     with pytest.raises(ConfigError, match=rf"^report_to: got .*; {name}: not available yet in lmstack"):
+        build_config({**BASE, "report_to": value})
+
+
+@pytest.mark.parametrize("value", [["all", "wandb"], "none,tensorboard"])
+def test_report_to_none_or_all_stand_alone(value):
+    with pytest.raises(ConfigError, match=r"`none` / `all` together with a tracker"):
         build_config({**BASE, "report_to": value})
 
 
 def test_report_to_unknown_tracker_gets_a_suggestion():
     with pytest.raises(
-        ConfigError, match=r"unknown tracker 'tensorbord'; allowed: none \| all \| tensorboard \(did"
+        ConfigError,
+        match=r"unknown tracker 'tensorbord'; allowed: none \| all \| tensorboard \| wandb .*\(did",
     ):
         build_config({**BASE, "report_to": "tensorbord"})

@@ -121,3 +121,14 @@ def test_rotation_keeps_the_best_checkpoint(tmp_path):
         make(tmp_path, step)
     rotate_checkpoints(tmp_path, 1, keep=(str(tmp_path / "checkpoint-2"),))
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-6"]
+
+
+def test_the_best_checkpoint_counts_towards_the_limit(tmp_path):
+    """transformers' rule: save_total_limit N with load_best_model_at_end keeps the best and the N-1 newest."""
+    for step in (2, 4, 6, 8):
+        make(tmp_path, step)
+    rotate_checkpoints(tmp_path, 2, keep=(str(tmp_path / "checkpoint-2"),))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-8"]
+    make(tmp_path, 10)
+    rotate_checkpoints(tmp_path, 2, keep=(str(tmp_path / "checkpoint-10"),))  # the best is the newest
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-10", "checkpoint-8"]
