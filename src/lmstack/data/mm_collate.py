@@ -1,7 +1,8 @@
 """The collator of image samples (data/mm.py): text padded as for text samples, plus the pixels of
 the batch's images from the model's image processor (Qwen2-VL: `pixel_values` of patches and
 `image_grid_thw`; LLaVA: `pixel_values` [images, 3, H, W]). No position ids: the model computes its
-own (Qwen2-VL's 3D rope index from input_ids, image_grid_thw and the attention mask)."""
+own (Qwen2-VL's 3D rope index from input_ids, image_grid_thw and the attention mask; transformers >= 5.2x
+also wants `mm_token_type_ids`, 1 at the image tokens, as its processor returns them)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from lmstack.data.mm import MediaSpec, load_image
 
 
 class MediaCollator:
-    def __init__(self, pad_id: int, spec: MediaSpec, image_processor: Any):
+    def __init__(self, pad_id: int, spec: MediaSpec, image_processor: Any, image_token_id: int):
         self.pad_id = pad_id
         self.spec = spec
         self.image_processor = image_processor
+        self.image_token_id = image_token_id
+        self.token_types = spec.plugin == "qwen2_vl" and _takes_token_types()
 
     def __call__(self, features: list[dict]) -> dict:
         import torch
@@ -30,8 +33,19 @@ class MediaCollator:
             labels[i, :n] = torch.tensor(f["labels"])
             mask[i, :n] = 1
         batch = {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        if self.token_types:
+            batch["mm_token_type_ids"] = (ids == self.image_token_id).long()
         paths = [p for f in features for p in json.loads(f.get("images") or "[]")]
         if paths:
             images = [load_image(p, self.spec) for p in paths]
             batch.update(self.image_processor(images=images, return_tensors="pt"))
         return batch
+
+
+def _takes_token_types() -> bool:
+    """Whether this transformers' Qwen2-VL reads `mm_token_type_ids` (newer 5.x; older ones refuse it)."""
+    import inspect
+
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
+
+    return "mm_token_type_ids" in inspect.signature(Qwen2VLModel.forward).parameters

@@ -121,7 +121,9 @@ def load_vision_model(spec: Any, tokenizer: Any) -> Any:
     config.use_cache = False
     if getattr(config, "text_config", None) is not None:
         config.text_config.use_cache = False
-    kwargs = dict(config=config, dtype=getattr(torch, DTYPES[spec.load_dtype]), attn_implementation=spec.attention)
+    kwargs = dict(
+        config=config, dtype=getattr(torch, DTYPES[spec.load_dtype]), attn_implementation=spec.attention
+    )
     if spec.train_from_scratch:
         model = AutoModelForImageTextToText.from_config(**kwargs)
     else:

@@ -36,7 +36,8 @@ def run(plan: RunPlan) -> dict:
         collator = PackedCollator(tokenizer.pad_token_id, width=plan.row_capacity)
     media = media_spec(cfg)  # a vision model: the batch's images too
     if media is not None:
-        collator = MediaCollator(tokenizer.pad_token_id, media, load_image_processor(cfg))
+        image_id = tokenizer.convert_tokens_to_ids(media.tokens[1])
+        collator = MediaCollator(tokenizer.pad_token_id, media, load_image_processor(cfg), image_id)
 
     args = common.training_arguments(plan)  # before the model: under ZeRO-3 it loads already sharded
     model = load_model(plan.model_spec(), tokenizer)

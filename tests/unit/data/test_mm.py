@@ -239,7 +239,9 @@ def test_images_need_a_vision_model_its_template_sft_and_no_packing(tiny_vlm, ba
     with pytest.raises(ConfigError, match="template: 'qwen3_vl' writes images for qwen3_vl, not for this"):
         build_datasets(cfg, proc.tokenizer, get_template("qwen3_vl", proc.tokenizer))
     cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, packing=True)
-    with pytest.raises(ConfigError, match="packing: not available with the vision model .* its 3D rope positions"):
+    with pytest.raises(
+        ConfigError, match="packing: not available with the vision model .* its 3D rope positions"
+    ):
         build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
     cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, image_max_pixels=10)
     with pytest.raises(ConfigError, match="image_max_pixels: got 10, less than image_min_pixels 1024"):

@@ -1,0 +1,130 @@
+"""LF's multimodal demo data (mllm_demo.json: sharegpt messages + images) trains on the tiny vision
+models through `lmstack train` (the real Trainer): the loss falls, the adapter is saved and reloads,
+and the freeze_* switches decide which parts change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lmstack.train.run import train
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 220), "yellow": (230, 220, 40)}
+
+
+@pytest.fixture(scope="module")
+def tiny_vlm(tmp_path_factory):
+    from lmstack.tiny import build_tiny_vision_model
+
+    root = tmp_path_factory.mktemp("tiny_vlm")
+    data = Path(__file__).resolve().parents[2] / "data"
+    return {f: build_tiny_vision_model(root / f, f, data_dir=data) for f in ("qwen2_vl", "llava")}
+
+
+@pytest.fixture
+def mllm_demo(tmp_path) -> Path:
+    """LF's mllm_demo layout: dataset_info.json, mllm_demo.json, mllm_demo_data/<n>.png."""
+    from PIL import Image
+
+    folder = tmp_path / "data"
+    (folder / "mllm_demo_data").mkdir(parents=True)
+    records = []
+    for i, (name, rgb) in enumerate(COLOURS.items()):
+        Image.new("RGB", (64 + 16 * i, 48), rgb).save(folder / "mllm_demo_data" / f"{i}.png")
+        records.append(
+            {
+                "messages": [
+                    {"role": "user", "content": "<image>What colour is this picture?"},
+                    {"role": "assistant", "content": f"The picture is {name}."},
+                ],
+                "images": [f"mllm_demo_data/{i}.png"],
+            }
+        )
+    (folder / "mllm_demo.json").write_text(json.dumps(records))
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    entry = {"file_name": "mllm_demo.json", "formatting": "sharegpt", "tags": tags}
+    entry["columns"] = {"messages": "messages", "images": "images"}
+    (folder / "dataset_info.json").write_text(json.dumps({"mllm_demo": entry}))
+    return folder
+
+
+def vlm_run(base_cfg, model: Path, family: str, data: Path, **overrides) -> dict:
+    return {
+        **base_cfg,
+        "model_name_or_path": str(model),
+        "template": family,
+        "dataset": "mllm_demo",
+        "dataset_dir": str(data),
+        "cutoff_len": 256,
+        "per_device_train_batch_size": 2,
+        "max_steps": 16,
+        "learning_rate": 2e-2,
+        **overrides,
+    }
+
+
+def losses(out: Path) -> list[float]:
+    lines = (out / "trainer_log.jsonl").read_text().splitlines()
+    return [json.loads(ln)["loss"] for ln in lines if "loss" in json.loads(ln)]
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_lora_on_mllm_demo_loss_falls_adapter_reloads_vision_tower_untouched(
+    family, tiny_vlm, mllm_demo, base_cfg
+):
+    from peft import PeftModel
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    cfg = vlm_run(base_cfg, tiny_vlm[family], family, mllm_demo)
+    train(None, cfg)
+    out = Path(cfg["output_dir"])
+    seen = losses(out)
+    assert seen[-1] < 0.7 * seen[0], seen
+    targets = json.loads((out / "adapter_config.json").read_text())["target_modules"]
+    assert targets and not any(
+        k in t for t in targets for k in ("visual", "vision_tower", "merger", "projector")
+    )
+    assert all("language_model" in t for t in targets)  # LoRA on the language model only (LF's default)
+    assert AutoImageProcessor.from_pretrained(out) is not None  # the processor travels with the adapter
+    base = AutoModelForImageTextToText.from_pretrained(tiny_vlm[family])
+    model = PeftModel.from_pretrained(base, out)
+    assert sum("lora_A" in n for n, _ in model.named_parameters()) == len(targets)
+
+
+def _changed(before: dict, after: dict, piece: str) -> bool:
+    names = [n for n in before if piece in n]
+    assert names, piece
+    return any(not (before[n] == after[n]).all() for n in names)
+
+
+@pytest.mark.parametrize(
+    "switches,vision_changes,projector_changes",
+    [({}, False, False), ({"freeze_vision_tower": False, "freeze_multi_modal_projector": False}, True, True)],
+)
+def test_full_finetuning_trains_the_parts_the_freeze_switches_leave(
+    switches, vision_changes, projector_changes, tiny_vlm, mllm_demo, base_cfg
+):
+    from safetensors.torch import load_file
+
+    model = tiny_vlm["llava"]
+    cfg = vlm_run(base_cfg, model, "llava", mllm_demo, finetuning_type="full", max_steps=3, **switches)
+    train(None, cfg)
+    before = load_file(model / "model.safetensors")
+    after = load_file(Path(cfg["output_dir"]) / "model.safetensors")
+    assert _changed(before, after, "language_model")
+    assert _changed(before, after, "vision_tower") is vision_changes
+    assert _changed(before, after, "multi_modal_projector") is projector_changes
+
+
+def test_freeze_language_model_keeps_it_and_lora_goes_to_the_unfrozen_vision_tower(
+    tiny_vlm, mllm_demo, base_cfg
+):
+    cfg = vlm_run(
+        base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", mllm_demo, max_steps=2,
+        freeze_language_model=True, freeze_vision_tower=False,
+    )  # fmt: skip
+    train(None, cfg)
+    targets = json.loads((Path(cfg["output_dir"]) / "adapter_config.json").read_text())["target_modules"]
+    assert targets and all("visual.blocks" in t for t in targets)  # not the patch embedding, not the LM
