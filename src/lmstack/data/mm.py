@@ -57,6 +57,7 @@ class MediaSpec:
     min_pixels: int = 0  # qwen2_vl: the image processor's own resize bounds
     max_pixels: int = 0
     image_seqlen: int = 0  # llava: tokens per image
+    image_size: int = 0  # llava: the square the processor crops every image to
 
     @property
     def tokens(self) -> tuple[str, str, str]:
@@ -94,7 +95,8 @@ def media_spec(cfg: Any) -> MediaSpec | None:
         vision = config.get("vision_config") or {}
         size, patch = vision.get("image_size", 336), vision.get("patch_size", 14)
         extra = 1 if config.get("vision_feature_select_strategy", "default") == "full" else 0
-        return MediaSpec("llava", patch_size=patch, image_seqlen=(size // patch) ** 2 + extra, **common)
+        seqlen = (size // patch) ** 2 + extra
+        return MediaSpec("llava", patch_size=patch, image_seqlen=seqlen, image_size=size, **common)
     from transformers import AutoImageProcessor
 
     proc = AutoImageProcessor.from_pretrained(path)
@@ -208,16 +210,24 @@ def load_image(path: str, spec: MediaSpec) -> Any:
         return image if image.size == size else image.resize(size)
 
 
-def image_seqlen(width: int, height: int, spec: MediaSpec) -> int:
-    """Image tokens the processor writes for a `width` x `height` image (after regularized_size)."""
+def model_input_size(width: int, height: int, spec: MediaSpec) -> tuple[int, int]:
+    """(width, height) the vision tower sees: the processor's resize of a regularized image."""
     if spec.plugin == "llava":
-        return spec.image_seqlen
+        return spec.image_size, spec.image_size
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     h, w = smart_resize(
         height, width, factor=spec.patch_size * spec.merge_size, min_pixels=spec.min_pixels,
         max_pixels=spec.max_pixels,
     )  # fmt: skip
+    return w, h
+
+
+def image_seqlen(width: int, height: int, spec: MediaSpec) -> int:
+    """Image tokens the processor writes for a `width` x `height` image (after regularized_size)."""
+    if spec.plugin == "llava":
+        return spec.image_seqlen
+    w, h = model_input_size(width, height, spec)
     return (h // spec.patch_size) * (w // spec.patch_size) // spec.merge_size**2
 
 
@@ -293,4 +303,38 @@ def raise_media_problems(stats: Any) -> None:
     more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
     raise DataError(
         f"dataset {stats.name}: {len(bad)} record(s) with image problems:\n" + "\n".join(lines) + more
+    )
+
+
+def media_stats(image_lists: list[str], spec: MediaSpec) -> dict:
+    """`lmstack check`'s image summary of a dataset's kept samples (their `images` column): counts,
+    the sizes after image_max_pixels / image_min_pixels and after the processor, and image tokens."""
+    paths = [p for text in image_lists for p in json.loads(text)]
+    sizes = image_sizes(paths, spec)
+    inputs = [model_input_size(w, h, spec) for w, h in sizes]
+    tokens = [image_seqlen(w, h, spec) for w, h in sizes]
+
+    def span(values: list[tuple[int, int]]) -> list[str]:
+        by_area = sorted(values, key=lambda s: s[0] * s[1])
+        return [f"{w}x{h}" for w, h in (by_area[0], by_area[-1])] if values else []
+
+    return {
+        "images": len(paths),
+        "samples_with_images": sum(1 for text in image_lists if json.loads(text)),
+        "resized": span(sizes),  # smallest and largest (by area) after LF's pixel bounds
+        "model_input": span(inputs),  # ... and as the vision tower sees them
+        "image_tokens": sum(tokens),
+        "image_tokens_per_image": {"min": min(tokens, default=0), "max": max(tokens, default=0)},
+    }
+
+
+def format_media(media: dict) -> str:
+    """One line of `lmstack check`'s text report."""
+    if not media["images"]:
+        return "    images: none"
+    per = media["image_tokens_per_image"]
+    return (
+        f"    images: {media['images']} in {media['samples_with_images']} samples, resized to "
+        f"{' .. '.join(media['resized'])} px (model input {' .. '.join(media['model_input'])}), "
+        f"{media['image_tokens']} image tokens ({per['min']}..{per['max']} per image, counted in the lengths)"
     )

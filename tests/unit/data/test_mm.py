@@ -246,3 +246,30 @@ def test_images_need_a_vision_model_its_template_sft_and_no_packing(tiny_vlm, ba
     cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, image_max_pixels=10)
     with pytest.raises(ConfigError, match="image_max_pixels: got 10, less than image_min_pixels 1024"):
         build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
+
+
+def test_check_reports_images_their_sizes_and_image_tokens(tiny_vlm, base_cfg, tmp_path):
+    from lmstack.data.validate import check_data, format_report
+
+    images = write_images(tmp_path, [(40, 30), (300, 200)])
+    write_dataset(tmp_path, [_one("<image><image>two", images), _one("none", [])])
+    cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path)
+    proc = processor_of(tiny_vlm["qwen2_vl"], "qwen2_vl")
+    report = check_data(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
+    media = report["datasets"][0]["media"]
+    # the processor's smart_resize: 40x30 -> 84x56 (its 56x56-pixel minimum) = 6 x 4 patches / 2^2 = 6
+    # tokens; 300x200 -> 112x84 (its 112x112-pixel maximum) = 8 x 6 / 2^2 = 12 tokens
+    assert media == {
+        "images": 2,
+        "samples_with_images": 1,
+        "resized": ["40x30", "300x200"],
+        "model_input": ["84x56", "112x84"],
+        "image_tokens": 18,
+        "image_tokens_per_image": {"min": 6, "max": 12},
+    }
+    assert report["datasets"][0]["lengths"]["prompt"]["max"] > 16  # the vision tokens are prompt tokens
+    text = format_report(report)
+    assert (
+        "images: 2 in 1 samples, resized to 40x30 .. 300x200 px (model input 84x56 .. 112x84), 18 image tokens"
+        in text
+    )
