@@ -128,3 +128,23 @@ def test_freeze_language_model_keeps_it_and_lora_goes_to_the_unfrozen_vision_tow
     train(None, cfg)
     targets = json.loads((Path(cfg["output_dir"]) / "adapter_config.json").read_text())["target_modules"]
     assert targets and all("visual.blocks" in t for t in targets)  # not the patch embedding, not the LM
+
+
+def test_export_merges_the_adapter_and_saves_the_processor(tiny_vlm, mllm_demo, base_cfg, tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+
+    from lmstack.infer.export import export
+
+    cfg = vlm_run(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", mllm_demo, max_steps=2)
+    train(None, cfg)
+    out = export(
+        None, {**cfg, "adapter_name_or_path": cfg["output_dir"], "export_dir": str(tmp_path / "merged")}
+    )
+    model = AutoModelForImageTextToText.from_pretrained(out)
+    assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
+    assert type(AutoImageProcessor.from_pretrained(out)).__name__ == "Qwen2VLImageProcessorPil"
+    before = load_file(tiny_vlm["qwen2_vl"] / "model.safetensors")
+    after = {k: v for f in sorted(Path(out).glob("model*.safetensors")) for k, v in load_file(f).items()}
+    assert _changed(before, after, "layers.1.self_attn.q_proj")  # saved as the checkpoint names it
+    assert not _changed(before, after, "visual.blocks")
