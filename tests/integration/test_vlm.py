@@ -148,3 +148,46 @@ def test_export_merges_the_adapter_and_saves_the_processor(tiny_vlm, mllm_demo, 
     after = {k: v for f in sorted(Path(out).glob("model*.safetensors")) for k, v in load_file(f).items()}
     assert _changed(before, after, "layers.1.self_attn.q_proj")  # saved as the checkpoint names it
     assert not _changed(before, after, "visual.blocks")
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_chat_image_command_and_openai_image_parts_build_the_training_prompt(
+    family, tiny_vlm, mllm_demo, base_cfg
+):
+    import base64
+
+    from lmstack.config.load import build_config
+    from lmstack.data.pipeline import build_datasets
+    from lmstack.infer.engine import ChatEngine
+    from lmstack.infer.vision import VisionChatSession, openai_messages, session_for
+
+    cfg = build_config({**vlm_run(base_cfg, tiny_vlm[family], family, mllm_demo), "max_new_tokens": 3})
+    engine = ChatEngine.from_config(cfg)
+    session = session_for(engine)
+    assert isinstance(session, VisionChatSession)
+    image = mllm_demo / "mllm_demo_data" / "0.png"
+    (note,) = session.send(f"/image {image}")
+    assert note.startswith("[image 1 attached to your next message")
+    (reply,) = session.send("What colour is this picture?")
+    assert isinstance(reply, str) and session.images and not session.pending
+    assert session.messages[0]["content"] == "<image>What colour is this picture?"  # LF: before the text
+
+    # the chat prompt is the training prompt of the same record (mllm_demo record 0, its answer dropped)
+    sample = build_datasets(cfg, engine.tokenizer, engine.template).train[0]
+    prompt_len = sample["labels"].index(next(t for t in sample["labels"] if t != -100))
+    ids, extra = session.vision.prompt(
+        [{"role": "user", "content": "<image>What colour is this picture?"}], session.images
+    )
+    assert ids == sample["input_ids"][:prompt_len]
+    assert "pixel_values" in extra
+
+    url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+    parts = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "What colour is this picture?"},
+    ]
+    messages, images = openai_messages([{"role": "user", "content": parts}])
+    assert messages == [{"role": "user", "content": "<image>What colour is this picture?"}]
+    assert session.vision.prompt(messages, images)[0] == ids
+    result = session.vision.generate(messages, images)
+    assert result.prompt_tokens == len(ids) and result.completion_tokens <= 3

@@ -205,9 +205,14 @@ def load_image(path: str, spec: MediaSpec) -> Any:
     from PIL import Image
 
     with Image.open(path) as image:
-        size = regularized_size(image.width, image.height, spec)
-        image = image.convert("RGB")
-        return image if image.size == size else image.resize(size)
+        return regularize(image, spec)
+
+
+def regularize(image: Any, spec: MediaSpec) -> Any:
+    """A PIL image in RGB, resized by regularized_size (LLaMA-Factory's preprocessing)."""
+    size = regularized_size(image.width, image.height, spec)
+    image = image.convert("RGB")
+    return image if image.size == size else image.resize(size)
 
 
 def model_input_size(width: int, height: int, spec: MediaSpec) -> tuple[int, int]:
@@ -259,24 +264,25 @@ def expand_example(example: dict, spec: MediaSpec) -> tuple[dict, list[str], int
         )
     if not paths:
         return example, paths, 0
-    before, token, after = spec.tokens
-    counts = iter([image_seqlen(w, h, spec) for w, h in image_sizes(paths, spec)])
-    total = 0
+    counts = [image_seqlen(w, h, spec) for w, h in image_sizes(paths, spec)]
+    queue = iter(counts)
 
     def expand(text: str) -> str:
-        nonlocal total
-        parts = text.split(IMAGE_PLACEHOLDER)
-        out = parts[0]
-        for part in parts[1:]:
-            n = next(counts)
-            total += n
-            out += before + token * n + after + part
-        return out
+        return expand_text(text, [next(queue) for _ in range(text.count(IMAGE_PLACEHOLDER))], spec)
 
     out = dict(example)
     for key in ("prompt", "response"):
         out[key] = [dict(m, content=expand(m["content"])) for m in example[key]]
-    return out, paths, total
+    return out, paths, sum(counts)
+
+
+def expand_text(text: str, counts: list[int], spec: MediaSpec) -> str:
+    """`text` with its `<image>` placeholders replaced, in order, by that many image tokens each."""
+    before, token, after = spec.tokens
+    parts = text.split(IMAGE_PLACEHOLDER)
+    if len(parts) - 1 != len(counts):
+        raise ValueError(f"{len(parts) - 1} {IMAGE_PLACEHOLDER} placeholder(s) for {len(counts)} image(s)")
+    return parts[0] + "".join(before + token * n + after + part for n, part in zip(counts, parts[1:]))
 
 
 def finish_sample(sample: dict, paths: list[str], tokens: int, spec: MediaSpec, tokenizer: Any) -> dict:
@@ -338,3 +344,34 @@ def format_media(media: dict) -> str:
         f"{' .. '.join(media['resized'])} px (model input {' .. '.join(media['model_input'])}), "
         f"{media['image_tokens']} image tokens ({per['min']}..{per['max']} per image, counted in the lengths)"
     )
+
+
+# ---- inference (chat, API) -----------------------------------------------------------------------
+def inference_messages(messages: list[dict], images: list[Any], spec: MediaSpec) -> list[dict]:
+    """`messages` with each image's tokens in place of its `<image>` placeholder (regularized PIL
+    images, in order); with no placeholder at all, LLaMA-Factory's inference rule: one placeholder
+    per image at the start of the first message."""
+    if images and not any(IMAGE_PLACEHOLDER in m["content"] for m in messages):
+        first = dict(messages[0], content=IMAGE_PLACEHOLDER * len(images) + messages[0]["content"])
+        messages = [first, *messages[1:]]
+    found = sum(m["content"].count(IMAGE_PLACEHOLDER) for m in messages)
+    if found != len(images):
+        raise ValueError(
+            f"{found} {IMAGE_PLACEHOLDER} placeholder(s) in the messages but {len(images)} image(s); "
+            f"put one {IMAGE_PLACEHOLDER} where each image goes"
+        )
+    queue = iter([image_seqlen(im.width, im.height, spec) for im in images])
+    return [
+        dict(
+            m,
+            content=expand_text(
+                m["content"], [next(queue) for _ in range(m["content"].count(IMAGE_PLACEHOLDER))], spec
+            ),
+        )
+        for m in messages
+    ]
+
+
+def pixel_inputs(images: list[Any], spec: MediaSpec, image_processor: Any) -> dict:
+    """The model inputs of regularized PIL images (pixel_values, + image_grid_thw for Qwen2-VL)."""
+    return dict(image_processor(images=images, return_tensors="pt")) if images else {}
