@@ -123,10 +123,11 @@ def build_tiny_model(
 
 
 # ---- tiny vision-language models (`lmstack tiny-model DIR --vision qwen2_vl|llava`) -----------------
-VISION_FAMILIES = ("qwen2_vl", "llava")
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava")
 # the special tokens each family's processor writes for an image (Qwen2-VL: start, pads, end)
 VISION_TOKENS = {
     "qwen2_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+    "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
     "llava": ["<image>"],
 }
 TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
@@ -135,14 +136,32 @@ TINY_QWEN2_VL_PIXELS = dict(min_pixels=56 * 56, max_pixels=112 * 112)
 TINY_LLAVA_IMAGE = 28  # CLIP input size: (28 / 14)^2 = 4 image tokens
 
 
-def _qwen2_vl_parts(tokenizer, text_dims: dict):
-    from transformers import Qwen2VLConfig
+def _qwen2_vl_parts(tokenizer, text_dims: dict, v2_5: bool = False):
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS["qwen2_vl"]}
     head_dim = text_dims["hidden_size"] // text_dims["num_attention_heads"]
     quarter = head_dim // 8  # mrope sections (temporal, height, width) sum to head_dim / 2
-    config = Qwen2VLConfig(
+    vision = dict(
+        depth=TINY_VISION["num_hidden_layers"],
+        embed_dim=TINY_VISION["hidden_size"],
+        hidden_size=text_dims["hidden_size"],
+        num_heads=TINY_VISION["num_attention_heads"],
+        mlp_ratio=2,
+        initializer_range=text_dims.get("initializer_range", 0.02),
+    )
+    if v2_5:  # Qwen2.5-VL's vision tower: SwiGLU blocks, window attention but in the last block
+        vision = dict(
+            depth=TINY_VISION["num_hidden_layers"],
+            hidden_size=TINY_VISION["hidden_size"],
+            intermediate_size=TINY_VISION["intermediate_size"],
+            num_heads=TINY_VISION["num_attention_heads"],
+            out_hidden_size=text_dims["hidden_size"],
+            fullatt_block_indexes=[TINY_VISION["num_hidden_layers"] - 1],
+            initializer_range=text_dims.get("initializer_range", 0.02),
+        )
+    config = (Qwen2_5_VLConfig if v2_5 else Qwen2VLConfig)(
         text_config=dict(
             vocab_size=len(tokenizer),
             max_position_embeddings=4096,
@@ -160,21 +179,15 @@ def _qwen2_vl_parts(tokenizer, text_dims: dict):
             tie_word_embeddings=True,
             **text_dims,
         ),
-        vision_config=dict(
-            depth=TINY_VISION["num_hidden_layers"],
-            embed_dim=TINY_VISION["hidden_size"],
-            hidden_size=text_dims["hidden_size"],
-            num_heads=TINY_VISION["num_attention_heads"],
-            mlp_ratio=2,
-            initializer_range=text_dims.get("initializer_range", 0.02),
-        ),
+        vision_config=vision,
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
-    return config, Qwen2VLImageProcessorPil(**TINY_QWEN2_VL_PIXELS), {"processor_class": "Qwen2VLProcessor"}
+    processor = {"processor_class": "Qwen2_5_VLProcessor" if v2_5 else "Qwen2VLProcessor"}
+    return config, Qwen2VLImageProcessorPil(**TINY_QWEN2_VL_PIXELS), processor
 
 
 def _llava_parts(tokenizer, text_dims: dict):
@@ -225,8 +238,12 @@ def build_tiny_vision_model(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(corpus_from_dir(Path(data_dir) if data_dir else None))
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS[family]})
-    parts = _qwen2_vl_parts if family == "qwen2_vl" else _llava_parts
-    config, image_processor, processor = parts(tokenizer, dict(TINY_DIMS))
+    if family == "llava":
+        config, image_processor, processor = _llava_parts(tokenizer, dict(TINY_DIMS))
+    else:
+        config, image_processor, processor = _qwen2_vl_parts(
+            tokenizer, dict(TINY_DIMS), family == "qwen2_5_vl"
+        )
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

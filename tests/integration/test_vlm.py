@@ -20,7 +20,9 @@ def tiny_vlm(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tiny_vlm")
     data = Path(__file__).resolve().parents[2] / "data"
-    return {f: build_tiny_vision_model(root / f, f, data_dir=data) for f in ("qwen2_vl", "llava")}
+    return {
+        f: build_tiny_vision_model(root / f, f, data_dir=data) for f in ("qwen2_vl", "qwen2_5_vl", "llava")
+    }
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def vlm_run(base_cfg, model: Path, family: str, data: Path, **overrides) -> dict
     return {
         **base_cfg,
         "model_name_or_path": str(model),
-        "template": family,
+        "template": "llava" if family == "llava" else "qwen2_vl",
         "dataset": "mllm_demo",
         "dataset_dir": str(data),
         "cutoff_len": 256,
@@ -70,7 +72,7 @@ def losses(out: Path) -> list[float]:
     return [json.loads(ln)["loss"] for ln in lines if "loss" in json.loads(ln)]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
 def test_lora_on_mllm_demo_loss_falls_adapter_reloads_vision_tower_untouched(
     family, tiny_vlm, mllm_demo, base_cfg
 ):

@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"], help="architecture")
     p.add_argument(
         "--vision",
-        choices=["qwen2_vl", "llava"],
+        choices=["qwen2_vl", "qwen2_5_vl", "llava"],
         help="a vision-language model instead (image processor too)",
     )
     p.set_defaults(func=cmd_tiny_model)

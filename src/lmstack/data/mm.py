@@ -21,6 +21,7 @@ with file, position and reason, and stop the run (`raise_media_problems`).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from lmstack.config.errors import ConfigError, DataError
 from lmstack.data.encode_common import DropExample
 from lmstack.data.formats import RecordError
 
+logger = logging.getLogger(__name__)
 IMAGE_PLACEHOLDER = "<image>"
 MODEL_PLUGINS = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "llava": "llava"}  # model_type -> plugin
 PLUGIN_TOKENS = {  # (before, image token, after) per image, as LLaMA-Factory's mm plugins write them
@@ -115,6 +117,14 @@ def check_media_datasets(cfg: Any, datasets: list[str]) -> None:
     """A dataset with an images column needs a supported vision model, stage sft and no packing;
     refused before the tokenizer or the model loads, naming what to change."""
     spec = media_spec(cfg)
+    defaults = type(cfg.data).model_fields
+    changed = [
+        f for f in ("image_max_pixels", "image_min_pixels") if getattr(cfg.data, f) != defaults[f].default
+    ]
+    if spec is None and changed:
+        logger.warning(
+            "%s: no effect on the text model %s", " / ".join(changed), cfg.model.model_name_or_path
+        )
     for name in ("packing", "neat_packing") if spec is not None else ():
         if getattr(cfg.data, name):
             raise ConfigError(

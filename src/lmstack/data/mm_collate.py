@@ -18,7 +18,7 @@ class MediaCollator:
         self.spec = spec
         self.image_processor = image_processor
         self.image_token_id = image_token_id
-        self.token_types = spec.plugin == "qwen2_vl" and _takes_token_types()
+        self.token_types = spec.plugin == "qwen2_vl" and takes_token_types(spec.model_type)
 
     def __call__(self, features: list[dict]) -> dict:
         import torch
@@ -42,10 +42,13 @@ class MediaCollator:
         return batch
 
 
-def _takes_token_types() -> bool:
-    """Whether this transformers' Qwen2-VL reads `mm_token_type_ids` (newer 5.x; older ones refuse it)."""
+def takes_token_types(model_type: str) -> bool:
+    """Whether this transformers' Qwen2-VL / Qwen2.5-VL reads `mm_token_type_ids` (newer 5.x; older
+    ones refuse it)."""
     import inspect
 
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
-
-    return "mm_token_type_ids" in inspect.signature(Qwen2VLModel.forward).parameters
+    if model_type == "qwen2_5_vl":
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel as Model
+    else:
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel as Model
+    return "mm_token_type_ids" in inspect.signature(Model.forward).parameters

@@ -85,9 +85,9 @@ class VisionInputs:
 
 
 def _needs_token_types(spec: MediaSpec) -> bool:
-    from lmstack.data.mm_collate import _takes_token_types
+    from lmstack.data.mm_collate import takes_token_types
 
-    return spec.plugin == "qwen2_vl" and _takes_token_types()
+    return spec.plugin == "qwen2_vl" and takes_token_types(spec.model_type)
 
 
 class VisionChatSession:

@@ -17,7 +17,7 @@ from lmstack.templates import get_template
 # (width, height): one under the tiny Qwen2-VL's processor bounds, one over them (it downsizes), one
 # wide; LLaVA's processor crops every image to 28 x 28
 SIZES = [(40, 30), (300, 200), (120, 36)]
-VISION_TEMPLATE = {"qwen2_vl": "qwen2_vl", "llava": "llava"}
+VISION_TEMPLATE = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "llava": "llava"}
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def tiny_vlm(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tiny_vlm")
     data = Path(__file__).resolve().parents[3] / "data"
-    return {f: build_tiny_vision_model(root / f, f, data_dir=data) for f in ("qwen2_vl", "llava")}
+    return {f: build_tiny_vision_model(root / f, f, data_dir=data) for f in VISION_TEMPLATE}
 
 
 def write_images(folder: Path, sizes=SIZES) -> list[str]:
@@ -76,10 +76,11 @@ def processor_of(model: Path, family: str):
     try:
         return AutoProcessor.from_pretrained(model)
     except ImportError:
-        from transformers import Qwen2VLProcessor
+        from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
 
         tok = AutoTokenizer.from_pretrained(model)
-        proc = Qwen2VLProcessor.__new__(Qwen2VLProcessor)
+        cls = Qwen2_5_VLProcessor if family == "qwen2_5_vl" else Qwen2VLProcessor
+        proc = cls.__new__(cls)
         proc.tokenizer, proc.image_processor, proc.video_processor = (
             tok,
             AutoImageProcessor.from_pretrained(model),
@@ -94,19 +95,23 @@ def processor_of(model: Path, family: str):
 def test_tiny_vision_models_load_offline_through_the_auto_classes(tiny_vlm):
     from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-    expected = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "llava": "LlavaForConditionalGeneration"}
+    expected = {
+        "qwen2_vl": "Qwen2VLForConditionalGeneration",
+        "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+        "llava": "LlavaForConditionalGeneration",
+    }
     for family, path in tiny_vlm.items():
         model = AutoModelForImageTextToText.from_pretrained(path)
         assert type(model).__name__ == expected[family]
         tok = AutoTokenizer.from_pretrained(path)
         assert model.config.image_token_id == tok.convert_tokens_to_ids(
-            "<|image_pad|>" if family == "qwen2_vl" else "<image>"
+            "<image>" if family == "llava" else "<|image_pad|>"
         )
         assert AutoImageProcessor.from_pretrained(path) is not None
     assert type(AutoProcessor.from_pretrained(tiny_vlm["llava"])).__name__ == "LlavaProcessor"
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
 def test_image_tokens_are_where_the_processor_puts_them_and_are_prompt(family, tiny_vlm, base_cfg, tmp_path):
     images = write_images(tmp_path)
     messages = [
@@ -121,7 +126,7 @@ def test_image_tokens_are_where_the_processor_puts_them_and_are_prompt(family, t
     template = get_template(VISION_TEMPLATE[family], proc.tokenizer)
     sample = build_datasets(cfg, proc.tokenizer, template).train[0]
 
-    raw = "<|vision_start|><|image_pad|><|vision_end|>" if family == "qwen2_vl" else "<image>"
+    raw = "<image>" if family == "llava" else "<|vision_start|><|image_pad|><|vision_end|>"
     text = template.render(
         [dict(m, content=m["content"].replace("<image>", raw)) for m in messages],
         template.default_system,
@@ -273,3 +278,12 @@ def test_check_reports_images_their_sizes_and_image_tokens(tiny_vlm, base_cfg, t
         "images: 2 in 1 samples, resized to 40x30 .. 300x200 px (model input 84x56 .. 112x84), 18 image tokens"
         in text
     )
+
+
+def test_image_pixel_bounds_on_a_text_model_say_they_have_no_effect(base_cfg, tiny_model, caplog):
+    from lmstack.data.pipeline import check_data_args
+
+    cfg = build_config({**base_cfg, "image_max_pixels": 4096})
+    with caplog.at_level("WARNING", logger="lmstack.data.mm"):
+        check_data_args(cfg)
+    assert f"image_max_pixels: no effect on the text model {tiny_model}" in caplog.text
