@@ -193,3 +193,31 @@ def test_chat_image_command_and_openai_image_parts_build_the_training_prompt(
     assert session.vision.prompt(messages, images)[0] == ids
     result = session.vision.generate(messages, images)
     assert result.prompt_tokens == len(ids) and result.completion_tokens <= 3
+
+
+def test_an_image_changed_after_tokenizing_is_named_before_the_model_sees_it(tiny_vlm, mllm_demo, base_cfg):
+    from PIL import Image
+
+    from lmstack.config.errors import DataError
+    from lmstack.config.load import build_config
+    from lmstack.data.mm import media_spec
+    from lmstack.data.mm_collate import MediaCollator
+    from lmstack.data.pipeline import build_datasets
+    from lmstack.models.load import load_tokenizer
+    from lmstack.models.vision import load_image_processor
+    from lmstack.templates import get_template
+
+    cfg = build_config(vlm_run(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", mllm_demo))
+    tok = load_tokenizer(cfg)
+    data = build_datasets(cfg, tok, get_template("qwen2_vl", tok)).train
+    spec = media_spec(cfg)
+    collate = MediaCollator(
+        tok.pad_token_id, spec, load_image_processor(cfg), tok.convert_tokens_to_ids("<|image_pad|>")
+    )
+    batch = collate([data[0], data[1]])
+    assert batch["pixel_values"].shape[0] == int(batch["image_grid_thw"].prod(-1).sum())
+    Image.new("RGB", (300, 200), (0, 0, 0)).save(mllm_demo / "mllm_demo_data" / "1.png")  # 12 tokens, not 6
+    with pytest.raises(
+        DataError, match=r"1.png: the tokenized sample holds 6 image tokens, the processor makes 12"
+    ):
+        collate([data[0], data[1]])

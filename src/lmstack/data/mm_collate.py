@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from lmstack.config.errors import DataError
 from lmstack.data.mm import MediaSpec, load_image
 
 
@@ -35,11 +36,30 @@ class MediaCollator:
         batch = {"input_ids": ids, "labels": labels, "attention_mask": mask}
         if self.token_types:
             batch["mm_token_type_ids"] = (ids == self.image_token_id).long()
-        paths = [p for f in features for p in json.loads(f.get("images") or "[]")]
+        per_sample = [json.loads(f.get("images") or "[]") for f in features]
+        paths = [p for sample in per_sample for p in sample]
         if paths:
             images = [load_image(p, self.spec) for p in paths]
             batch.update(self.image_processor(images=images, return_tensors="pt"))
+            self._check_tokens(ids, per_sample, batch.get("image_grid_thw"))
         return batch
+
+    def _check_tokens(self, ids: Any, per_sample: list[list[str]], grid: Any) -> None:
+        """Each sample holds as many image tokens as the processor now makes for its images (an image
+        file replaced by one of another size after tokenizing would otherwise fail deep in the model)."""
+        rows = iter(grid.prod(-1).tolist() if grid is not None else [])
+        for i, paths in enumerate(per_sample):
+            want = sum(
+                next(rows) // self.spec.merge_size**2 if grid is not None else self.spec.image_seqlen
+                for _ in paths
+            )
+            have = int((ids[i] == self.image_token_id).sum())
+            if have != want:
+                raise DataError(
+                    f"images {', '.join(paths)}: the tokenized sample holds {have} image tokens, the processor "
+                    f"makes {want} for these files now (changed since they were tokenized?); set "
+                    "overwrite_cache: true to tokenize again"
+                )
 
 
 def takes_token_types(model_type: str) -> bool:
