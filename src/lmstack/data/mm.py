@@ -229,7 +229,10 @@ def model_input_size(width: int, height: int, spec: MediaSpec) -> tuple[int, int
     """(width, height) the vision tower sees: the processor's resize of a regularized image."""
     if spec.plugin == "llava":
         return spec.image_size, spec.image_size
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+    try:  # transformers >= 5.2x: the PIL backend's module; before: the one image processor module
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+    except ImportError:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
     h, w = smart_resize(
         height, width, factor=spec.patch_size * spec.merge_size, min_pixels=spec.min_pixels,
