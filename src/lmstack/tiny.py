@@ -138,7 +138,11 @@ TINY_LLAVA_IMAGE = 28  # CLIP input size: (28 / 14)^2 = 4 image tokens
 
 def _qwen2_vl_parts(tokenizer, text_dims: dict, v2_5: bool = False):
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    try:  # the PIL image processor (no torchvision needed); older transformers: the one there is
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    except ImportError:
+        from transformers import Qwen2VLImageProcessor as Qwen2VLImageProcessorPil
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS["qwen2_vl"]}
     head_dim = text_dims["hidden_size"] // text_dims["num_attention_heads"]
@@ -192,7 +196,11 @@ def _qwen2_vl_parts(tokenizer, text_dims: dict, v2_5: bool = False):
 
 def _llava_parts(tokenizer, text_dims: dict):
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
-    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    try:
+        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    except ImportError:
+        from transformers import CLIPImageProcessor as CLIPImageProcessorPil
 
     text = LlamaConfig(
         vocab_size=len(tokenizer),
