@@ -221,3 +221,50 @@ def test_an_image_changed_after_tokenizing_is_named_before_the_model_sees_it(tin
         DataError, match=r"1.png: the tokenized sample holds 6 image tokens, the processor makes 12"
     ):
         collate([data[0], data[1]])
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_the_planned_chunked_cross_entropy_equals_the_vision_models_own_loss(
+    family, tiny_vlm, mllm_demo, base_cfg
+):
+    """The run plan's loss_kernel (chunked linear CE, no [tokens x vocab] logits) replaces the forward
+    of vision models too: the same loss as the model's own, the images going through the decoder."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from lmstack.config.load import build_config
+    from lmstack.data.mm import media_spec
+    from lmstack.data.mm_collate import MediaCollator
+    from lmstack.data.pipeline import build_datasets
+    from lmstack.models.kernels import apply_fused_ce
+    from lmstack.models.load import load_tokenizer
+    from lmstack.models.vision import load_image_processor
+    from lmstack.templates import get_template
+
+    cfg = build_config(vlm_run(base_cfg, tiny_vlm[family], family, mllm_demo))
+    tok = load_tokenizer(cfg)
+    data = build_datasets(cfg, tok, get_template(cfg.data.template, tok)).train
+    spec = media_spec(cfg)
+    image_id = tok.convert_tokens_to_ids(spec.tokens[1])
+    batch = MediaCollator(tok.pad_token_id, spec, load_image_processor(cfg), image_id)([data[0], data[1]])
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm[family]).train()
+    own = model(**batch).loss
+    assert apply_fused_ce(model)
+    chunked = model(**batch).loss
+    torch.testing.assert_close(chunked, own, rtol=1e-5, atol=1e-5)
+    other = dict(batch, pixel_values=torch.zeros_like(batch["pixel_values"]))
+    assert not torch.allclose(model(**other).loss, chunked)  # the pixels are read
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_the_planner_reads_a_vision_model_with_its_vision_tower(family, tiny_vlm):
+    """The planner's model spec (gradient_checkpointing: auto, lmstack plan) built AutoModelForCausalLM,
+    which has no class for these configs; now the whole model, vision tower included, is counted."""
+    from transformers import AutoModelForImageTextToText
+
+    from lmstack.plan.model_spec import ModelSpec
+
+    spec = ModelSpec.from_pretrained_dir(tiny_vlm[family])
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm[family])
+    assert spec.num_params == sum(p.numel() for p in model.parameters())
+    assert spec.num_layers == 2 and spec.hidden_size == 128  # the language model's dims
