@@ -268,3 +268,81 @@ def test_the_planner_reads_a_vision_model_with_its_vision_tower(family, tiny_vlm
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm[family])
     assert spec.num_params == sum(p.numel() for p in model.parameters())
     assert spec.num_layers == 2 and spec.hidden_size == 128  # the language model's dims
+
+
+@pytest.fixture
+def rlhf_v_demo(tmp_path) -> Path:
+    """Image preference pairs in LF's sharegpt ranking layout (its rlhf_v demo): conversations +
+    chosen / rejected messages + images."""
+    from PIL import Image
+
+    folder = tmp_path / "pref"
+    (folder / "imgs").mkdir(parents=True)
+    records = []
+    for i, (name, rgb) in enumerate(COLOURS.items()):
+        Image.new("RGB", (56 + 8 * i, 56), rgb).save(folder / "imgs" / f"{i}.png")
+        wrong = list(COLOURS)[(i + 1) % len(COLOURS)]
+        records.append(
+            {
+                "conversations": [{"from": "human", "value": "<image>Which colour is it?"}],
+                "chosen": {"from": "gpt", "value": f"It is {name}."},
+                "rejected": {"from": "gpt", "value": f"It is {wrong}."},
+                "images": [f"imgs/{i}.png"],
+            }
+        )
+    (folder / "pref.json").write_text(json.dumps(records))
+    entry = {"file_name": "pref.json", "formatting": "sharegpt", "ranking": True}
+    entry["columns"] = {
+        "messages": "conversations",
+        "chosen": "chosen",
+        "rejected": "rejected",
+        "images": "images",
+    }
+    (folder / "dataset_info.json").write_text(json.dumps({"rlhf_v_demo": entry}))
+    return folder
+
+
+def test_dpo_on_image_preference_pairs_learns_the_preference(tiny_vlm, rlhf_v_demo, base_cfg):
+    cfg = vlm_run(
+        base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", rlhf_v_demo, stage="dpo", dataset="rlhf_v_demo",
+        max_steps=12, learning_rate=1e-2, pref_beta=0.1,
+    )  # fmt: skip
+    train(None, cfg)
+    out = Path(cfg["output_dir"])
+    logs = [json.loads(ln) for ln in (out / "trainer_log.jsonl").read_text().splitlines()]
+    seen = [r["loss"] for r in logs if "loss" in r]
+    assert seen[0] == pytest.approx(0.6931, abs=1e-3)  # policy = reference at step 1: log 2
+    assert seen[-1] < 0.5 * seen[0], seen
+    targets = json.loads((out / "adapter_config.json").read_text())["target_modules"]
+    assert all("language_model" in t for t in targets)
+    assert (out / "preprocessor_config.json").is_file()
+
+
+def test_the_preference_collator_gives_each_row_of_a_pair_its_images(tiny_vlm, rlhf_v_demo, base_cfg):
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    from lmstack.config.load import build_config
+    from lmstack.data.mm import media_spec
+    from lmstack.data.mm_collate import PreferenceMediaCollator
+    from lmstack.data.pipeline import build_datasets
+    from lmstack.models.load import load_tokenizer
+    from lmstack.models.vision import load_image_processor
+    from lmstack.templates import get_template
+    from lmstack.train import rlhf
+
+    cfg = build_config(
+        vlm_run(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", rlhf_v_demo, stage="dpo", dataset="rlhf_v_demo")
+    )
+    tok = load_tokenizer(cfg)
+    rows = build_datasets(cfg, tok, get_template("qwen2_vl", tok)).train
+    features = [{**rlhf.pairwise_columns(rows[i]), "image_paths": rows[i]["images"]} for i in (0, 1)]
+    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
+    inner = DataCollatorForPreference(pad_token_id=tok.pad_token_id)
+    batch = PreferenceMediaCollator(inner, media_spec(cfg), load_image_processor(cfg), image_id)(features)
+    assert (
+        batch["input_ids"].shape[0] == 4 and batch["image_grid_thw"].shape[0] == 4
+    )  # chosen 0, 1; rejected 0, 1
+    assert batch["image_grid_thw"][:2].tolist() == batch["image_grid_thw"][2:].tolist()
+    per_row = (batch["input_ids"] == image_id).sum(-1).tolist()
+    assert per_row[:2] == per_row[2:] and all(n > 0 for n in per_row)
+    assert batch["pixel_values"].shape[0] == int(batch["image_grid_thw"].prod(-1).sum())

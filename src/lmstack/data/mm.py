@@ -42,6 +42,7 @@ PLUGIN_TOKENS = {  # (before, image token, after) per image, as LLaMA-Factory's 
 SUPPORTED = "qwen2_vl, qwen2_5_vl (template qwen2_vl) and llava (template llava)"
 MEDIA_KINDS = ("media count mismatch", "media outside dataset_dir", "missing media file", "media URL")
 IMAGES_CUT = "image tokens cut by cutoff_len"
+MEDIA_STAGES = ("sft", "dpo")  # dpo: TRL's DPOTrainer with the pixels of each pair (train/dpo.py)
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
@@ -141,10 +142,14 @@ def check_media_datasets(cfg: Any, datasets: list[str]) -> None:
             f"{model_type(cfg) or 'text'} model without a supported vision tower; image fine-tuning works with "
             f"model types {SUPPORTED}"
         )
-    if cfg.finetuning.stage != "sft":
+    if cfg.finetuning.stage not in MEDIA_STAGES:
         raise ConfigError(
             f"stage: {cfg.finetuning.stage} with the images of dataset {names} is not supported yet; "
-            "image datasets train with stage: sft"
+            f"image datasets train with stage: {' or '.join(MEDIA_STAGES)}"
+        )
+    if cfg.finetuning.stage == "dpo" and cfg.finetuning.pref_loss in ("orpo", "simpo"):
+        raise ConfigError(
+            f"pref_loss: {cfg.finetuning.pref_loss} with images is not supported yet; use sigmoid, hinge or ipo"
         )
     if cfg.data.streaming:
         raise ConfigError(f"streaming: not available with images (dataset {names}) yet; set streaming: false")
@@ -300,9 +305,9 @@ def expand_text(text: str, counts: list[int], spec: MediaSpec) -> str:
 
 def finish_sample(sample: dict, paths: list[str], tokens: int, spec: MediaSpec, tokenizer: Any) -> dict:
     """The encoded sample with its `images` column; dropped when truncation cut image tokens."""
-    if tokens:
-        token_id = tokenizer.convert_tokens_to_ids(spec.tokens[1])
-        kept = sum(1 for t in sample["input_ids"] if t == token_id)
+    token_id = tokenizer.convert_tokens_to_ids(spec.tokens[1])
+    for key in [k for k in sample if k.endswith("input_ids")] if tokens else ():  # sft: one row; dpo: two
+        kept = sum(1 for t in sample[key] if t == token_id)
         if kept != tokens:
             raise DropExample(
                 f"cutoff_len keeps {kept} of the {tokens} image tokens of this record (the model needs "

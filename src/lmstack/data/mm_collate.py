@@ -72,3 +72,25 @@ def takes_token_types(model_type: str) -> bool:
     else:
         from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel as Model
     return "mm_token_type_ids" in inspect.signature(Model.forward).parameters
+
+
+class PreferenceMediaCollator:
+    """DPO batches of image pairs: `inner` (TRL's preference collator) pads the chosen rows then the
+    rejected rows; each pair's images go in twice, in the same order (chosen half, rejected half)."""
+
+    def __init__(self, inner: Any, spec: MediaSpec, image_processor: Any, image_token_id: int):
+        self.inner = inner
+        self.media = MediaCollator(0, spec, image_processor, image_token_id)
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = self.inner(features)
+        per_sample = [json.loads(f.get("image_paths") or "[]") for f in features] * 2
+        paths = [p for sample in per_sample for p in sample]
+        if paths:
+            images = [load_image(p, self.media.spec) for p in paths]
+            batch.update(self.media.image_processor(images=images, return_tensors="pt"))
+            ids = batch["input_ids"]
+            self.media._check_tokens(ids, per_sample, batch.get("image_grid_thw"))
+            if self.media.token_types:
+                batch["mm_token_type_ids"] = (ids == self.media.image_token_id).long()
+        return batch
