@@ -287,3 +287,17 @@ def test_image_pixel_bounds_on_a_text_model_say_they_have_no_effect(base_cfg, ti
     with caplog.at_level("WARNING", logger="lmstack.data.mm"):
         check_data_args(cfg)
     assert f"image_max_pixels: no effect on the text model {tiny_model}" in caplog.text
+
+
+def test_tiny_model_command_builds_a_vision_model(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    from lmstack.cli.main import main
+
+    data = Path(__file__).resolve().parents[3] / "data"
+    assert main(["tiny-model", str(tmp_path / "vlm"), "--vision", "qwen2_5_vl", "--data-dir", str(data)]) == 0
+    assert (
+        type(AutoModelForImageTextToText.from_pretrained(tmp_path / "vlm")).__name__
+        == "Qwen2_5_VLForConditionalGeneration"
+    )
+    assert (tmp_path / "vlm" / "preprocessor_config.json").is_file()
