@@ -120,3 +120,144 @@ def build_tiny_model(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+# ---- tiny vision-language models (`lmstack tiny-model DIR --vision qwen2_vl|llava`) -----------------
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava")
+# the special tokens each family's processor writes for an image (Qwen2-VL: start, pads, end)
+VISION_TOKENS = {
+    "qwen2_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+    "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+    "llava": ["<image>"],
+}
+TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+# image processor bounds of the tiny Qwen2-VL: 4..16 merged tokens per image (56x56 .. 112x112 pixels)
+TINY_QWEN2_VL_PIXELS = dict(min_pixels=56 * 56, max_pixels=112 * 112)
+TINY_LLAVA_IMAGE = 28  # CLIP input size: (28 / 14)^2 = 4 image tokens
+
+
+def _qwen2_vl_parts(tokenizer, text_dims: dict, v2_5: bool = False):
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+
+    try:  # the PIL image processor (no torchvision needed); older transformers: the one there is
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    except ImportError:
+        from transformers import Qwen2VLImageProcessor as Qwen2VLImageProcessorPil
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS["qwen2_vl"]}
+    head_dim = text_dims["hidden_size"] // text_dims["num_attention_heads"]
+    quarter = head_dim // 8  # mrope sections (temporal, height, width) sum to head_dim / 2
+    vision = dict(
+        depth=TINY_VISION["num_hidden_layers"],
+        embed_dim=TINY_VISION["hidden_size"],
+        hidden_size=text_dims["hidden_size"],
+        num_heads=TINY_VISION["num_attention_heads"],
+        mlp_ratio=2,
+        initializer_range=text_dims.get("initializer_range", 0.02),
+    )
+    if v2_5:  # Qwen2.5-VL's vision tower: SwiGLU blocks, window attention but in the last block
+        vision = dict(
+            depth=TINY_VISION["num_hidden_layers"],
+            hidden_size=TINY_VISION["hidden_size"],
+            intermediate_size=TINY_VISION["intermediate_size"],
+            num_heads=TINY_VISION["num_attention_heads"],
+            out_hidden_size=text_dims["hidden_size"],
+            fullatt_block_indexes=[TINY_VISION["num_hidden_layers"] - 1],
+            initializer_range=text_dims.get("initializer_range", 0.02),
+        )
+    config = (Qwen2_5_VLConfig if v2_5 else Qwen2VLConfig)(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            max_position_embeddings=4096,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [
+                    head_dim // 2 - 2 * (quarter + quarter // 2),
+                    *([quarter + quarter // 2] * 2),
+                ],
+            },
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+            **text_dims,
+        ),
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    processor = {"processor_class": "Qwen2_5_VLProcessor" if v2_5 else "Qwen2VLProcessor"}
+    return config, Qwen2VLImageProcessorPil(**TINY_QWEN2_VL_PIXELS), processor
+
+
+def _llava_parts(tokenizer, text_dims: dict):
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    try:
+        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+    except ImportError:
+        from transformers import CLIPImageProcessor as CLIPImageProcessorPil
+
+    text = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        **text_dims,
+    )
+    vision = CLIPVisionConfig(image_size=TINY_LLAVA_IMAGE, patch_size=14, **TINY_VISION)
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        image_seq_length=(TINY_LLAVA_IMAGE // 14) ** 2,
+        tie_word_embeddings=True,
+    )
+    size = {"height": TINY_LLAVA_IMAGE, "width": TINY_LLAVA_IMAGE}
+    image_processor = CLIPImageProcessorPil(size={"shortest_edge": TINY_LLAVA_IMAGE}, crop_size=size)
+    processor = {
+        "processor_class": "LlavaProcessor",
+        "patch_size": 14,
+        "vision_feature_select_strategy": config.vision_feature_select_strategy,
+        "num_additional_image_tokens": 1,  # CLIP's class token
+        "image_token": "<image>",
+    }
+    return config, image_processor, processor
+
+
+def build_tiny_vision_model(
+    out_dir: str | Path, family: str = "qwen2_vl", data_dir: str | Path | None = "data", seed: int = 0
+) -> Path:
+    """A random-init vision-language model of a real architecture (Qwen2-VL, or LLaVA = CLIP + Llama)
+    with the tiny tokenizer plus the family's image tokens, its image processor and processor config,
+    loadable offline by AutoModelForImageTextToText / AutoImageProcessor / AutoProcessor."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    if family not in VISION_FAMILIES:
+        raise ValueError(f"--vision: got {family!r}; allowed: {' | '.join(VISION_FAMILIES)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(corpus_from_dir(Path(data_dir) if data_dir else None))
+    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS[family]})
+    if family == "llava":
+        config, image_processor, processor = _llava_parts(tokenizer, dict(TINY_DIMS))
+    else:
+        config, image_processor, processor = _qwen2_vl_parts(
+            tokenizer, dict(TINY_DIMS), family == "qwen2_5_vl"
+        )
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    image_processor.save_pretrained(out)  # preprocessor_config.json: loads without torchvision
+    (out / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    return out

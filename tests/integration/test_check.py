@@ -19,11 +19,8 @@ from lmstack.train.run import train
 REPO = Path(__file__).resolve().parents[2]
 BAD_DIR = REPO / "tests" / "fixtures" / "bad_data"
 MM_DIR = REPO / "tests" / "fixtures" / "multimodal"
-MM_REFUSED = (
-    "dataset mllm_demo: columns.images = 'images': multimodal fine-tuning (images/videos/audios) is not "
-    f"available in lmstack yet; remove the column from {MM_DIR / 'dataset_info.json'} to train on the "
-    "text alone"
-)
+MM_REFUSED = "dataset mllm_demo has images, but model_name_or_path "
+MM_SUPPORTED = "without a supported vision tower; image fine-tuning works with model types qwen2_vl"
 MIX = "good_alpaca,bad_alpaca,bad_sharegpt,bad_openai"
 
 
@@ -117,7 +114,7 @@ def test_check_refuses_multimodal_columns_naming_the_column(base_cfg, weightless
     path = write_cfg(tmp_path, {**cfg, "dataset_dir": str(MM_DIR)})
     assert main(["check", str(path)]) == 2
     err = capsys.readouterr().err
-    assert MM_REFUSED in err and "or use a text dataset" in err
+    assert MM_REFUSED in err and MM_SUPPORTED in err
     assert not (Path(cfg["output_dir"]) / "data_report.json").exists()
 
 
@@ -132,7 +129,7 @@ def test_train_refuses_multimodal_columns_before_the_tokenizer_and_the_model(bas
     monkeypatch.setattr(sft, "load_model", not_here)
     with pytest.raises(DataError) as err:
         train(None, {**base_cfg, "dataset": "mllm_demo", "dataset_dir": str(MM_DIR)})
-    assert str(err.value).startswith("dataset mllm_demo: columns.images = 'images': multimodal")
+    assert str(err.value).startswith(MM_REFUSED)
     assert not Path(base_cfg["output_dir"]).exists()
 
 

@@ -45,10 +45,11 @@ def chat_loop(session, read: Callable[[str], str] = input, out: TextIO = sys.std
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from lmstack.infer.engine import ChatEngine, ChatSession, load_infer_config
+    from lmstack.infer.vision import session_for
 
     cfg = load_infer_config(args.config, args.overrides)
     engine = ChatEngine.from_config(cfg)
-    chat_loop(ChatSession(engine))
+    chat_loop(session_for(engine) or ChatSession(engine))  # a vision model: `/image PATH` attaches one
     return 0
 
 

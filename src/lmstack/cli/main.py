@@ -105,9 +105,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_tiny_model(args: argparse.Namespace) -> int:
-    from lmstack.tiny import build_tiny_model
+    from lmstack.tiny import build_tiny_model, build_tiny_vision_model
 
-    path = build_tiny_model(args.dir, data_dir=args.data_dir, arch=args.arch)
+    if args.vision:
+        path = build_tiny_vision_model(args.dir, args.vision, data_dir=args.data_dir)
+    else:
+        path = build_tiny_model(args.dir, data_dir=args.data_dir, arch=args.arch)
     print(f"tiny model written to {path}")
     return 0
 
@@ -234,6 +237,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="output directory")
     p.add_argument("--data-dir", default="data", help="demo data the tokenizer is trained on (default: data)")
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"], help="architecture")
+    p.add_argument(
+        "--vision",
+        choices=["qwen2_vl", "qwen2_5_vl", "llava"],
+        help="a vision-language model instead (image processor too)",
+    )
     p.set_defaults(func=cmd_tiny_model)
 
     p = sub.add_parser(

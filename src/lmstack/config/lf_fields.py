@@ -34,7 +34,7 @@ def R(feature: str, lf_default: Any = None, hint: str = "") -> LFField:  # noqa:
     return LFField(REFUSED, feature, lf_default, hint)
 
 
-MM = "multimodal image/video/audio preprocessing, until lmstack supports multimodal models"
+MM = "video/audio input and these image options (lmstack reads images for Qwen2-VL and LLaVA)"
 KT = "KTransformers CPU/AMX offload of MoE experts"
 VLLM = "the vLLM inference engine"
 SGL = "the SGLang inference engine"
@@ -71,8 +71,6 @@ LF_FIELDS: dict[str, LFField] = {
     "quantization_method": D("quantization backends other than bitsandbytes", "bnb"),
     "quantization_device_map": D("an automatic device map for a 4-bit model at inference", None),
     # ---- §1.3 ProcessorArguments ----
-    "image_max_pixels": R(MM, 589824),
-    "image_min_pixels": R(MM, 1024),
     "image_do_pan_and_scan": R(MM, False),
     "crop_to_patches": R(MM, False),
     "video_max_pixels": R(MM, 65536),

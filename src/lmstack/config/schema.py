@@ -128,6 +128,14 @@ class DataArgs(Section):
         "model's chat template shows it (lmstack's rules; templates/THINKING.md).",
     )
     ignore_pad_token_for_loss: bool = Field(True, description="Padding positions never count in the loss.")
+    image_max_pixels: int = Field(
+        768 * 768,
+        gt=0,
+        description="Vision models: larger images are downscaled to at most this many pixels.",
+    )
+    image_min_pixels: int = Field(
+        32 * 32, gt=0, description="Vision models: smaller images are upscaled to at least this many pixels."
+    )
 
 
 class FinetuningArgs(Section):
@@ -252,6 +260,15 @@ class FinetuningArgs(Section):
     )
     freeze_trainable_modules: str = Field("all", description="Freeze: modules trained inside those layers.")
     freeze_extra_modules: str | None = Field(None, description="Freeze: extra non-layer modules to train.")
+    freeze_vision_tower: bool = Field(
+        True, description="Vision models: keep the vision tower frozen (full/freeze) and out of LoRA targets."
+    )
+    freeze_multi_modal_projector: bool = Field(
+        True, description="Vision models: keep the vision-to-text projector frozen and out of LoRA targets."
+    )
+    freeze_language_model: bool = Field(
+        False, description="Vision models: freeze the language model (and keep it out of LoRA targets)."
+    )
     pure_bf16: bool = Field(False, description="Train in bf16 without fp32 master weights.")
     plot_loss: bool = Field(False, description="Write training_loss.png (and eval loss) at the end.")
     compute_accuracy: bool = Field(False, description="Report token accuracy during evaluation.")

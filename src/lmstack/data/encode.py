@@ -21,6 +21,7 @@ from lmstack.data.encode_common import (
     infer_seqlen,
 )
 from lmstack.data.encode_pref import encode_kto, encode_pairwise, encode_prompt_only
+from lmstack.data.mm import expand_example, finish_sample
 
 __all__ = [
     "ENCODERS",
@@ -116,5 +117,9 @@ def encode_example(
 ) -> tuple[dict, bool, int]:
     """(sample, truncated, text fields cut before tokenizing) of one canonical example."""
     example, fields_cut = bound_example(example, tokenizer, opts)
+    if opts.media is None:
+        sample, truncated = ENCODERS[opts.stage](example, tokenizer, template, opts)
+        return sample, truncated, fields_cut
+    example, images, image_tokens = expand_example(example, opts.media)
     sample, truncated = ENCODERS[opts.stage](example, tokenizer, template, opts)
-    return sample, truncated, fields_cut
+    return finish_sample(sample, images, image_tokens, opts.media, tokenizer), truncated, fields_cut

@@ -42,6 +42,7 @@ class EncodeOptions:
     enable_thinking: bool | None = True
     preserve_thinking: bool = False
     bound_tokens: int | None = None  # text fields are cut to CHARS_PER_TOKEN x this (None: cutoff_len)
+    media: Any = None  # data.mm.MediaSpec of a vision-language model: <image> becomes its image tokens
 
     @property
     def field_chars(self) -> int:

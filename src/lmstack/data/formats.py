@@ -12,7 +12,7 @@ Problem kinds (what `lmstack check` and the training log count by): missing fiel
 empty response, empty conversation, wrong role order, unknown role, odd number of turns,
 wrong number of turns (ranking), bad JSON line, bad tool call, nested too deeply,
 chosen and rejected are identical (ranking).
-(Multimodal columns never get here: registry.py refuses them, lmstack has no multimodal support yet.)
+An `images` column is carried as it is (`images`, `images_field`); data/mm.py checks and expands it.
 """
 
 from __future__ import annotations
@@ -350,6 +350,10 @@ def convert(record: Any, attr: DatasetAttr) -> dict:
     if not isinstance(record, dict):
         raise RecordError("<record>", "wrong type", f"must be an object, got {type(record).__name__}")
     try:
-        return CONVERTERS[attr.formatting](record, attr)
+        out = CONVERTERS[attr.formatting](record, attr)
     except RecursionError:  # a value nested nearly as deep as the JSON reader allows, then serialized
         raise RecordError("<record>", "nested too deeply", "flatten the value or remove the record") from None
+    column = attr.column("images")
+    if column:  # LF's media column: paths checked and placeholders expanded in data/mm.py
+        out.update(images=record.get(column), images_field=column)
+    return out

@@ -26,6 +26,7 @@ from lmstack.data.encode import ENCODERS, DropExample, EncodeOptions, encode_exa
 from lmstack.data.formats import RecordError, convert
 from lmstack.data.loader import RawRecord, read_records
 from lmstack.data.mix import mix_datasets, parse_probs
+from lmstack.data.mm import check_media_datasets, check_media_template, media_spec, raise_media_problems
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.stats import (
     DataBundle,
@@ -167,6 +168,7 @@ def load_one(
         cfg.data.preprocessing_num_workers or 1,
         cfg.data.preprocessing_batch_size,
     )
+    raise_media_problems(stats)  # a record whose images do not match is an error, not a drop
     data_cache.store(key, attr.name, data, stats.to_dict())
     return data, stats
 
@@ -197,7 +199,9 @@ def load_split(
     """Every dataset of `names` (a comma list), encoded, num_samples applied, mixed per mix_strategy
     (`mix=False`: concatenated)."""
     parts, all_stats = [], []
-    for attr in get_dataset_attrs(names, cfg.data.dataset_dir, field_name):
+    attrs = get_dataset_attrs(names, cfg.data.dataset_dir, field_name)
+    check_media_template(media_spec(cfg), template, [a.name for a in attrs if a.column("images")])
+    for attr in attrs:
         check_ranking(attr, cfg.finetuning.stage)
         data, stats = load_one(cfg, attr, tokenizer, template)
         log_stats(stats, cfg.data.cutoff_len)
@@ -242,6 +246,12 @@ def check_data_args(cfg: Config) -> None:
         raise ConfigError("val_size and eval_dataset: set only one of them")
     if d.interleave_probs is not None and d.mix_strategy == "concat":
         logger.warning("interleave_probs has no effect with mix_strategy: concat")
+    attrs = [
+        a
+        for names, field in ((d.dataset, "dataset"), (d.eval_dataset, "eval_dataset"))
+        for a in get_dataset_attrs(names, d.dataset_dir, field)
+    ]
+    check_media_datasets(cfg, [a.name for a in attrs if a.column("images")])
 
 
 def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:

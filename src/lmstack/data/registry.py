@@ -187,16 +187,15 @@ def _parse_entry(name: str, entry: Any, registry: Path) -> DatasetAttr:
 
 
 def _refuse_media(name: str, columns: dict, registry: Path) -> None:
-    """LF's multimodal columns need a processor and a vision/audio tower that lmstack does not load yet;
-    without them the `<image>` placeholders would be trained as plain text, so such an entry is refused
-    (in every format: the columns are read the same way for alpaca, sharegpt and openai)."""
+    """Images are read (data/mm.py, for the vision models it supports); LF's video and audio columns
+    need video frames / an audio tower that lmstack does not load, so such an entry is refused (in
+    every format: the columns are read the same way for alpaca, sharegpt and openai)."""
     for key, placeholder in MEDIA_COLUMNS.items():
-        if columns.get(key) is not None:
+        if key != "images" and columns.get(key) is not None:
             raise DataError(
-                f"dataset {name}: columns.{key} = {columns[key]!r}: multimodal fine-tuning "
-                "(images/videos/audios) is not available in lmstack yet; remove the column from "
-                f"{registry} to train on the text alone (a {placeholder} left in the text is then "
-                "plain text), or use a text dataset"
+                f"dataset {name}: columns.{key} = {columns[key]!r}: {key[:-1]} input is not available in "
+                f"lmstack (images are, with Qwen2-VL / LLaVA); remove the column from {registry} to train "
+                f"without it (a {placeholder} left in the text is then plain text)"
             )
 
 

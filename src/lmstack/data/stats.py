@@ -11,6 +11,7 @@ from lmstack.config.errors import DataError
 from lmstack.config.schema import Config
 from lmstack.config.stages import stage_spec
 from lmstack.data.encode import EncodeOptions
+from lmstack.data.mm import media_spec
 from lmstack.data.registry import DatasetAttr
 from lmstack.data.tokenized import TokenizedDataset
 
@@ -108,6 +109,7 @@ def encode_options(cfg: Config) -> EncodeOptions:
         default_system=cfg.data.default_system,
         enable_thinking=cfg.data.enable_thinking,
         preserve_thinking=cfg.data.preserve_thinking,
+        media=media_spec(cfg),
     )
 
 

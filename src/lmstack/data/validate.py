@@ -26,6 +26,7 @@ import numpy as np
 
 from lmstack.config.schema import Config
 from lmstack.data.encode import IGNORE_INDEX
+from lmstack.data.mm import format_media, media_stats
 from lmstack.data.pipeline import check_data_args, encode_records, load_one, read_limited
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.stats import (
@@ -150,6 +151,8 @@ def _entry(cfg: Config, attr: DatasetAttr, tokenizer: Any, template: Any) -> tup
         )
     entry = stats.to_dict()
     entry.update(trainable_tokens=data.trainable_tokens(), lengths=length_stats(full))
+    if opts.media is not None and "images" in data.dense:  # a vision model: images and their tokens
+        entry["media"] = media_stats([str(v) for v in data.dense["images"]], opts.media)
     return entry, data
 
 
@@ -231,6 +234,8 @@ def format_report(report: dict, color: bool = False) -> str:
             lines.append(
                 f"    {part + ' tokens':<16} p50 {p['p50']:>6}  p95 {p['p95']:>6}  max {p['max']:>6}"
             )
+        if "media" in d:
+            lines.append(format_media(d["media"]))
         for p in d["problems"][:MAX_PRINTED_PROBLEMS]:
             lines.append(f"    problem: {format_problem(p)}")
         if len(d["problems"]) > MAX_PRINTED_PROBLEMS:

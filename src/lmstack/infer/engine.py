@@ -87,10 +87,11 @@ def inference_dtype(cfg: Config) -> Any:
 
 def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
     """(model with all adapters merged, tokenizer fixed by the template, template)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from lmstack.launch.context import LaunchContext
     from lmstack.models.load import hub_kwargs, load_tokenizer
+    from lmstack.models.vision import vision_model_type
     from lmstack.plan.decide import attention
     from lmstack.templates import get_template
 
@@ -99,7 +100,8 @@ def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
     dtype = inference_dtype(cfg)
-    model = AutoModelForCausalLM.from_pretrained(
+    vision = vision_model_type(cfg.model.model_name_or_path)  # Qwen2-VL / LLaVA: image-text-to-text
+    model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(
         cfg.model.model_name_or_path,
         dtype=dtype,
         attn_implementation=attention(cfg, LaunchContext.from_env(), device, packed=False)[0],

@@ -74,6 +74,9 @@ def write_export(cfg: Config, model: Any, tokenizer: Any, template: Any, out: Pa
             "written; set template: <name> (the one used for training) to get both"
         )
     tokenizer.save_pretrained(out)
+    from lmstack.models.vision import save_processor_files
+
+    save_processor_files(cfg.model.model_name_or_path, str(out))  # a vision model loads with its processor
     head = _value_head(cfg)
     for name in VALUE_HEAD_FILES:
         (out / name).unlink(missing_ok=True)

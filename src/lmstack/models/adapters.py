@@ -11,6 +11,7 @@ from typing import Any
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
 from lmstack.models import unsloth_model
+from lmstack.models.vision import freeze_parts, lora_targets
 
 logger = logging.getLogger(__name__)
 LAYER_RE = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
@@ -90,7 +91,7 @@ def _adapter_targets(cfg: Config, model: Any, field: str) -> list[str]:
                 f"{', '.join(find_all_linear_modules(model))} (or use `all`)"
             )
     if not cfg.finetuning.use_llama_pro:
-        return targets
+        return lora_targets(cfg, model, targets)  # a vision model: outside its frozen parts only
     layers = set(llama_pro_layers(num_layers(model), cfg.finetuning.freeze_trainable_layers))
     chosen = []
     for name, _ in model.named_modules():
@@ -242,6 +243,7 @@ def setup_finetuning(cfg: Config, model: Any, lora_kernel: str = "peft") -> Any:
         logger.info("Fine-tuning method: Full")
         for p in model.parameters():
             p.requires_grad = True
+    freeze_parts(cfg, model)  # a vision model: freeze_vision_tower / _multi_modal_projector / _language_model
     log_trainable(model)
     if cfg.model.print_param_status:
         for name, p in model.named_parameters():

@@ -129,6 +129,10 @@ def load_model(spec: ModelLoadSpec, tokenizer: Any) -> Any:
     quantization the run plan chose; the Trainer's autocast (if any) does the rest."""
     from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
+    from lmstack.models.vision import load_vision_model, vision_model_type
+
+    if vision_model_type(spec.path):  # Qwen2-VL / LLaVA: the image-text-to-text class
+        return load_vision_model(spec, tokenizer)
     # `seed` covers init: random-init weights and adapter init (LoRA A) are the same in every
     # process and launch mode (one process, torchrun, accelerate), whatever ran before
     set_seed(spec.seed)

@@ -98,11 +98,16 @@ class ModelSpec:
     def from_config(cls, cfg: Any) -> ModelSpec:
         """Build the spec from a transformers config object (no weights, meta device only)."""
         from accelerate import init_empty_weights
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        from lmstack.models.vision import COMPOSITE
 
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        vision = (
+            getattr(cfg, "model_type", None) in COMPOSITE
+        )  # Qwen2-VL / LLaVA: the vision tower counted too
         with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(cfg)
+            model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(cfg)
         # transformers 5 skips weight tying inside init_empty_weights: tie afterwards, or a
         # tied lm_head is counted twice (e.g. Qwen2.5-0.5B would read 630M instead of 494M).
         model.tie_weights()

@@ -60,6 +60,7 @@ class Template:
     tool_call_words: tuple[str, str] = DEFAULT_TOOL_CALL_WORDS
     thinking_style: str = "llamafactory"  # set by get_template from the config; see reasoning.py
     description: str = ""
+    mm_plugin: str = ""  # vision templates: how <image> becomes the model's image tokens (data/mm.py)
 
     # ---- one message as pieces (LLaMA-Factory's Template._encode) ---------------------------
     def _tool_text(self, tools: str) -> str:

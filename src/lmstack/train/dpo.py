@@ -15,9 +15,11 @@ from typing import Any
 from trl import DPOConfig, DPOTrainer
 
 from lmstack.data.encode import IGNORE_INDEX
+from lmstack.data.mm import media_spec
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import load_model
+from lmstack.models.vision import load_image_processor, save_processor_files
 from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.trainer import reliable
 from lmstack.train import common, rlhf
@@ -32,8 +34,14 @@ def run(plan: RunPlan) -> dict:
 
     tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
-    train_ds = rlhf.to_dataset(data.train, rlhf.pairwise_columns)
-    eval_ds = rlhf.to_dataset(data.eval, rlhf.pairwise_columns) if data.eval is not None else None
+    media = media_spec(cfg)  # a vision model: each pair keeps its image paths, the collator adds the pixels
+    columns = (
+        rlhf.pairwise_columns
+        if media is None
+        else lambda r: {**rlhf.pairwise_columns(r), "image_paths": r["images"]}
+    )
+    train_ds = rlhf.to_dataset(data.train, columns)
+    eval_ds = rlhf.to_dataset(data.eval, columns) if data.eval is not None else None
 
     model = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, model)
@@ -41,12 +49,15 @@ def run(plan: RunPlan) -> dict:
     loss = cfg.finetuning.pref_loss
     ref_model = rlhf.reference_model(plan, tokenizer, needs_reference=loss not in REFERENCE_FREE)
 
-    trainer = build_trainer(plan, model, ref_model, tokenizer, train_ds, eval_ds)
-    return common.train_and_save(plan, trainer, resume, ("rewards/accuracies", "rewards/margins"))
+    trainer = build_trainer(plan, model, ref_model, tokenizer, train_ds, eval_ds, media)
+    metrics = common.train_and_save(plan, trainer, resume, ("rewards/accuracies", "rewards/margins"))
+    if media is not None and trainer.is_world_process_zero():
+        save_processor_files(cfg.model.model_name_or_path, cfg.training.output_dir)
+    return metrics
 
 
 def build_trainer(
-    plan: RunPlan, model: Any, ref_model: Any, tokenizer: Any, train_ds: Any, eval_ds: Any
+    plan: RunPlan, model: Any, ref_model: Any, tokenizer: Any, train_ds: Any, eval_ds: Any, media: Any = None
 ) -> Any:
     cfg = plan.cfg
     ft = cfg.finetuning
@@ -97,6 +108,16 @@ def build_trainer(
         label_smoothing=ft.dpo_label_smoothing,
         max_length=None,  # rows are already cut to cutoff_len by our encoder
     )
+    if media is not None:  # the pixels of each pair, for the policy and the reference forward
+        from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+        from lmstack.data.mm_collate import PreferenceMediaCollator
+
+        inner = DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id)
+        image_id = tokenizer.convert_tokens_to_ids(media.tokens[1])
+        common_kwargs["data_collator"] = PreferenceMediaCollator(
+            inner, media, load_image_processor(cfg), image_id
+        )
     trainer = reliable(PretokenizedDPOTrainer)(ref_model=ref_model, args=args, **common_kwargs)
     rlhf.drop_trl_ref_adapter(cfg, trainer.model)
     return trainer

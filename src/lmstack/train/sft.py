@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from lmstack.data.mm import media_spec
+from lmstack.data.mm_collate import MediaCollator
 from lmstack.data.packing import pack_dataset
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.kernels import apply_training_kernels
 from lmstack.models.load import load_model
+from lmstack.models.vision import load_image_processor, save_processor_files
 from lmstack.plan.runplan import RunPlan
 from lmstack.train import common, predict
 from lmstack.train.collators import PackedCollator
@@ -31,6 +34,10 @@ def run(plan: RunPlan) -> dict:
             pack_dataset(eval_set, plan.pack_spec(True)),
         )
         collator = PackedCollator(tokenizer.pad_token_id, width=plan.row_capacity)
+    media = media_spec(cfg)  # a vision model: the batch's images too
+    if media is not None:
+        image_id = tokenizer.convert_tokens_to_ids(media.tokens[1])
+        collator = MediaCollator(tokenizer.pad_token_id, media, load_image_processor(cfg), image_id)
 
     args = common.training_arguments(plan)  # before the model: under ZeRO-3 it loads already sharded
     model = load_model(plan.model_spec(), tokenizer)
@@ -40,6 +47,8 @@ def run(plan: RunPlan) -> dict:
 
     trainer = common.build_trainer(plan, model, tokenizer, train_set, eval_set, collator, args)
     metrics = common.train_and_save(plan, trainer, resume)
+    if media is not None and trainer.is_world_process_zero():
+        save_processor_files(cfg.model.model_name_or_path, cfg.training.output_dir)
     if cfg.training.do_predict:  # generated_predictions.jsonl + predict_results.json
         metrics.update(predict.predict(plan, trainer.model, tokenizer, template))
     return metrics

@@ -1,0 +1,96 @@
+"""The collator of image samples (data/mm.py): text padded as for text samples, plus the pixels of
+the batch's images from the model's image processor (Qwen2-VL: `pixel_values` of patches and
+`image_grid_thw`; LLaVA: `pixel_values` [images, 3, H, W]). No position ids: the model computes its
+own (Qwen2-VL's 3D rope index from input_ids, image_grid_thw and the attention mask; transformers >= 5.2x
+also wants `mm_token_type_ids`, 1 at the image tokens, as its processor returns them)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from lmstack.config.errors import DataError
+from lmstack.data.mm import MediaSpec, load_image
+
+
+class MediaCollator:
+    def __init__(self, pad_id: int, spec: MediaSpec, image_processor: Any, image_token_id: int):
+        self.pad_id = pad_id
+        self.spec = spec
+        self.image_processor = image_processor
+        self.image_token_id = image_token_id
+        self.token_types = spec.plugin == "qwen2_vl" and takes_token_types(spec.model_type)
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        width = max(len(f["input_ids"]) for f in features)
+        ids = torch.full((len(features), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(features), width), -100, dtype=torch.long)
+        mask = torch.zeros((len(features), width), dtype=torch.long)
+        for i, f in enumerate(features):
+            n = len(f["input_ids"])
+            ids[i, :n] = torch.tensor(f["input_ids"])
+            labels[i, :n] = torch.tensor(f["labels"])
+            mask[i, :n] = 1
+        batch = {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        if self.token_types:
+            batch["mm_token_type_ids"] = (ids == self.image_token_id).long()
+        per_sample = [json.loads(f.get("images") or "[]") for f in features]
+        paths = [p for sample in per_sample for p in sample]
+        if paths:
+            images = [load_image(p, self.spec) for p in paths]
+            batch.update(self.image_processor(images=images, return_tensors="pt"))
+            self._check_tokens(ids, per_sample, batch.get("image_grid_thw"))
+        return batch
+
+    def _check_tokens(self, ids: Any, per_sample: list[list[str]], grid: Any) -> None:
+        """Each sample holds as many image tokens as the processor now makes for its images (an image
+        file replaced by one of another size after tokenizing would otherwise fail deep in the model)."""
+        rows = iter(grid.prod(-1).tolist() if grid is not None else [])
+        for i, paths in enumerate(per_sample):
+            want = sum(
+                next(rows) // self.spec.merge_size**2 if grid is not None else self.spec.image_seqlen
+                for _ in paths
+            )
+            have = int((ids[i] == self.image_token_id).sum())
+            if have != want:
+                raise DataError(
+                    f"images {', '.join(paths)}: the tokenized sample holds {have} image tokens, the processor "
+                    f"makes {want} for these files now (changed since they were tokenized?); set "
+                    "overwrite_cache: true to tokenize again"
+                )
+
+
+def takes_token_types(model_type: str) -> bool:
+    """Whether this transformers' Qwen2-VL / Qwen2.5-VL reads `mm_token_type_ids` (newer 5.x; older
+    ones refuse it)."""
+    import inspect
+
+    if model_type == "qwen2_5_vl":
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel as Model
+    else:
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel as Model
+    return "mm_token_type_ids" in inspect.signature(Model.forward).parameters
+
+
+class PreferenceMediaCollator:
+    """DPO batches of image pairs: `inner` (TRL's preference collator) pads the chosen rows then the
+    rejected rows; each pair's images go in twice, in the same order (chosen half, rejected half)."""
+
+    def __init__(self, inner: Any, spec: MediaSpec, image_processor: Any, image_token_id: int):
+        self.inner = inner
+        self.media = MediaCollator(0, spec, image_processor, image_token_id)
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = self.inner(features)
+        per_sample = [json.loads(f.get("image_paths") or "[]") for f in features] * 2
+        paths = [p for sample in per_sample for p in sample]
+        if paths:
+            images = [load_image(p, self.media.spec) for p in paths]
+            batch.update(self.media.image_processor(images=images, return_tensors="pt"))
+            ids = batch["input_ids"]
+            self.media._check_tokens(ids, per_sample, batch.get("image_grid_thw"))
+            if self.media.token_types:
+                batch["mm_token_type_ids"] = (ids == self.media.image_token_id).long()
+        return batch

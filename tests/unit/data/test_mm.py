@@ -1,0 +1,303 @@
+"""Images in LF's multimodal datasets (data/mm.py): the tiny vision models, `<image>` expanded to the
+image tokens exactly as the model's own processor writes them, and the record errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lmstack.config.errors import ConfigError, DataError
+from lmstack.config.load import build_config
+from lmstack.data.mm import load_image
+from lmstack.data.pipeline import build_datasets
+from lmstack.templates import get_template
+
+# (width, height): one under the tiny Qwen2-VL's processor bounds, one over them (it downsizes), one
+# wide; LLaVA's processor crops every image to 28 x 28
+SIZES = [(40, 30), (300, 200), (120, 36)]
+VISION_TEMPLATE = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "llava": "llava"}
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory):
+    from lmstack.tiny import build_tiny_vision_model
+
+    root = tmp_path_factory.mktemp("tiny_vlm")
+    data = Path(__file__).resolve().parents[3] / "data"
+    return {f: build_tiny_vision_model(root / f, f, data_dir=data) for f in VISION_TEMPLATE}
+
+
+def write_images(folder: Path, sizes=SIZES) -> list[str]:
+    from PIL import Image
+
+    (folder / "imgs").mkdir(parents=True, exist_ok=True)
+    names = []
+    for i, (w, h) in enumerate(sizes):
+        Image.new("RGB", (w, h), ((50 * i) % 256, 100, 200 - 40 * i)).save(folder / "imgs" / f"{i}.png")
+        names.append(f"imgs/{i}.png")
+    return names
+
+
+def write_dataset(folder: Path, records: list[dict], formatting: str = "sharegpt") -> None:
+    columns = {"messages": "messages", "images": "images"} if formatting != "alpaca" else {"images": "images"}
+    entry = {"file_name": "mm.json", "formatting": formatting, "columns": columns}
+    if formatting == "sharegpt":
+        entry["tags"] = {
+            "role_tag": "role",
+            "content_tag": "content",
+            "user_tag": "user",
+            "assistant_tag": "assistant",
+        }
+    (folder / "dataset_info.json").write_text(json.dumps({"mm": entry}))
+    (folder / "mm.json").write_text(json.dumps(records))
+
+
+def vlm_cfg(base_cfg, model: Path, family: str, folder: Path, **overrides):
+    return build_config(
+        {
+            **base_cfg,
+            "model_name_or_path": str(model),
+            "template": VISION_TEMPLATE[family],
+            "dataset": "mm",
+            "dataset_dir": str(folder),
+            "cutoff_len": 512,
+            **overrides,
+        }
+    )
+
+
+def processor_of(model: Path, family: str):
+    """The model's own processor: AutoProcessor; without torchvision (Qwen2-VL's video processor needs
+    it) the same Qwen2VLProcessor class, holding the tokenizer and the PIL image processor."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    try:
+        return AutoProcessor.from_pretrained(model)
+    except ImportError:
+        from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+
+        tok = AutoTokenizer.from_pretrained(model)
+        cls = Qwen2_5_VLProcessor if family == "qwen2_5_vl" else Qwen2VLProcessor
+        proc = cls.__new__(cls)
+        proc.tokenizer, proc.image_processor, proc.video_processor = (
+            tok,
+            AutoImageProcessor.from_pretrained(model),
+            None,
+        )
+        proc.image_token, proc.video_token, proc.chat_template = "<|image_pad|>", "<|video_pad|>", None
+        proc.image_token_id = tok.convert_tokens_to_ids(proc.image_token)
+        proc.video_token_id = tok.convert_tokens_to_ids(proc.video_token)
+        return proc
+
+
+def test_tiny_vision_models_load_offline_through_the_auto_classes(tiny_vlm):
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    expected = {
+        "qwen2_vl": "Qwen2VLForConditionalGeneration",
+        "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+        "llava": "LlavaForConditionalGeneration",
+    }
+    for family, path in tiny_vlm.items():
+        model = AutoModelForImageTextToText.from_pretrained(path)
+        assert type(model).__name__ == expected[family]
+        tok = AutoTokenizer.from_pretrained(path)
+        assert model.config.image_token_id == tok.convert_tokens_to_ids(
+            "<image>" if family == "llava" else "<|image_pad|>"
+        )
+        assert AutoImageProcessor.from_pretrained(path) is not None
+    assert type(AutoProcessor.from_pretrained(tiny_vlm["llava"])).__name__ == "LlavaProcessor"
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+def test_image_tokens_are_where_the_processor_puts_them_and_are_prompt(family, tiny_vlm, base_cfg, tmp_path):
+    images = write_images(tmp_path)
+    messages = [
+        {"role": "user", "content": "Compare <image> and <image>, please."},
+        {"role": "assistant", "content": "The first is smaller."},
+        {"role": "user", "content": "And this one?<image>"},
+        {"role": "assistant", "content": "It is wide."},
+    ]
+    write_dataset(tmp_path, [{"messages": messages, "images": images}])
+    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path)
+    proc = processor_of(tiny_vlm[family], family)
+    template = get_template(VISION_TEMPLATE[family], proc.tokenizer)
+    sample = build_datasets(cfg, proc.tokenizer, template).train[0]
+
+    raw = "<image>" if family == "llava" else "<|vision_start|><|image_pad|><|vision_end|>"
+    text = template.render(
+        [dict(m, content=m["content"].replace("<image>", raw)) for m in messages],
+        template.default_system,
+        proc.tokenizer,
+    )
+    spec_images = [load_image(str(tmp_path / p), _spec(cfg)) for p in images]
+    expected = proc(text=[text], images=spec_images)["input_ids"][0]
+    assert sample["input_ids"] == list(expected)
+    image_id = proc.tokenizer.convert_tokens_to_ids(
+        raw.split("<|vision_start|>")[-1].split("<|vision_end|>")[0]
+    )
+    at = [i for i, t in enumerate(sample["input_ids"]) if t == image_id]
+    assert len(at) > len(images)  # expanded, not one token per image
+    assert all(sample["labels"][i] == -100 for i in at)
+    assert any(lbl != -100 for lbl in sample["labels"])  # the answers are trained
+    assert json.loads(sample["images"]) == [str(tmp_path / p) for p in images]
+
+
+def _spec(cfg):
+    from lmstack.data.mm import media_spec
+
+    return media_spec(cfg)
+
+
+def test_image_max_pixels_downsizes_before_the_processor(tiny_vlm, base_cfg, tmp_path):
+    """LF's image_max_pixels: a 300x200 image with a 100-pixel cap is first resized to 12x8, then raised
+    to 28 pixels a side (Qwen2-VL), and the processor's minimum (56x56) gives 2x2 merged tokens."""
+    from lmstack.data.mm import image_sizes
+
+    images = write_images(tmp_path, [(300, 200)])
+    write_dataset(tmp_path, [{"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "ok"}], "images": images}])  # fmt: skip
+    cfg = vlm_cfg(
+        base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, image_max_pixels=100, image_min_pixels=10
+    )
+    spec = _spec(cfg)
+    assert image_sizes([str(tmp_path / images[0])], spec) == [(28, 28)]
+    proc = processor_of(tiny_vlm["qwen2_vl"], "qwen2_vl")
+    sample = build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer)).train[0]
+    assert sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 4
+    unbounded = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, overwrite_cache=True)
+    big = build_datasets(unbounded, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer)).train[0]
+    assert (
+        big["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 12
+    )  # 84x140 / 28^2
+
+
+@pytest.mark.parametrize("formatting", ["alpaca", "openai"])
+def test_alpaca_and_openai_records_carry_images_too(formatting, tiny_vlm, base_cfg, tmp_path):
+    images = write_images(tmp_path, [(40, 30)])
+    if formatting == "alpaca":
+        record = {"instruction": "<image>What colour?", "output": "Blue.", "images": images}
+    else:
+        record = {"messages": [{"role": "user", "content": "<image>What colour?"}, {"role": "assistant", "content": "Blue."}], "images": images}  # fmt: skip
+    write_dataset(tmp_path, [record], formatting)
+    cfg = vlm_cfg(base_cfg, tiny_vlm["llava"], "llava", tmp_path)
+    proc = processor_of(tiny_vlm["llava"], "llava")
+    sample = build_datasets(cfg, proc.tokenizer, get_template("llava", proc.tokenizer)).train[0]
+    assert sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<image>")) == 4  # (28 / 14)^2
+
+
+def _one(content: str, images) -> dict:
+    return {
+        "messages": [{"role": "user", "content": content}, {"role": "assistant", "content": "ok"}],
+        "images": images,
+    }
+
+
+@pytest.mark.parametrize(
+    "content,images,reason",
+    [
+        ("no placeholder", ["imgs/0.png"], "0 <image> placeholder(s) in the messages but 1 image(s) in images"),
+        ("<image><image>two", ["imgs/0.png"], "2 <image> placeholder(s) in the messages but 1 image(s)"),
+        ("<image>", ["../outside.png"], "images[0]: media outside dataset_dir: '../outside.png' resolves to"),
+        ("<image>", ["imgs/nope.png"], "images[0]: missing media file: 'imgs/nope.png': no such file"),
+        ("<image>", ["https://example.com/a.png"], "images[0]: media URL: 'https://example.com/a.png': lmstack reads no network"),
+    ],
+)  # fmt: skip
+def test_media_problems_stop_the_run_naming_file_record_and_counts(
+    content, images, reason, tiny_vlm, base_cfg, tmp_path
+):
+    write_images(tmp_path, [(40, 30)])
+    (tmp_path.parent / "outside.png").write_bytes((tmp_path / "imgs" / "0.png").read_bytes())
+    write_dataset(tmp_path, [_one("<image>fine", ["imgs/0.png"]), _one(content, images)])
+    cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path)
+    proc = processor_of(tiny_vlm["qwen2_vl"], "qwen2_vl")
+    with pytest.raises(DataError) as err:
+        build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
+    msg = str(err.value)
+    assert msg.startswith("dataset mm: 1 record(s) with image problems:")
+    assert f"{tmp_path / 'mm.json'} record 1: images" in msg  # the second record (0-based index 1)
+    assert reason in msg
+
+
+def test_a_record_whose_image_tokens_cutoff_len_would_cut_is_dropped(tiny_vlm, base_cfg, tmp_path):
+    images = write_images(tmp_path, [(300, 200)])  # 12 image tokens
+    write_dataset(tmp_path, [_one("<image>" + " word" * 40, images), _one("short", [])])
+    cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, cutoff_len=24)
+    proc = processor_of(tiny_vlm["qwen2_vl"], "qwen2_vl")
+    bundle = build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
+    assert len(bundle.train) == 1 and json.loads(bundle.train[0]["images"]) == []
+    assert bundle.stats[0].dropped["image tokens cut by cutoff_len"] == 1
+
+
+def test_images_need_a_vision_model_its_template_sft_and_no_packing(tiny_vlm, base_cfg, tiny_model, tmp_path):
+    images = write_images(tmp_path, [(40, 30)])
+    write_dataset(tmp_path, [_one("<image>hi", images)])
+    proc = processor_of(tiny_vlm["qwen2_vl"], "qwen2_vl")
+    text_model = vlm_cfg(base_cfg, tiny_model, "qwen2_vl", tmp_path)
+    with pytest.raises(DataError, match="dataset mm has images, but model_name_or_path .* is a qwen2 model"):
+        build_datasets(text_model, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
+    cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, template="qwen")
+    with pytest.raises(ConfigError, match="template: 'qwen' has no image support for this qwen2_vl model"):
+        build_datasets(cfg, proc.tokenizer, get_template("qwen", proc.tokenizer))
+    cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, template="qwen3_vl")
+    with pytest.raises(ConfigError, match="template: 'qwen3_vl' writes images for qwen3_vl, not for this"):
+        build_datasets(cfg, proc.tokenizer, get_template("qwen3_vl", proc.tokenizer))
+    cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, packing=True)
+    with pytest.raises(
+        ConfigError, match="packing: not available with the vision model .* its 3D rope positions"
+    ):
+        build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
+    cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, image_max_pixels=10)
+    with pytest.raises(ConfigError, match="image_max_pixels: got 10, less than image_min_pixels 1024"):
+        build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
+
+
+def test_check_reports_images_their_sizes_and_image_tokens(tiny_vlm, base_cfg, tmp_path):
+    from lmstack.data.validate import check_data, format_report
+
+    images = write_images(tmp_path, [(40, 30), (300, 200)])
+    write_dataset(tmp_path, [_one("<image><image>two", images), _one("none", [])])
+    cfg = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path)
+    proc = processor_of(tiny_vlm["qwen2_vl"], "qwen2_vl")
+    report = check_data(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
+    media = report["datasets"][0]["media"]
+    # the processor's smart_resize: 40x30 -> 84x56 (its 56x56-pixel minimum) = 6 x 4 patches / 2^2 = 6
+    # tokens; 300x200 -> 112x84 (its 112x112-pixel maximum) = 8 x 6 / 2^2 = 12 tokens
+    assert media == {
+        "images": 2,
+        "samples_with_images": 1,
+        "resized": ["40x30", "300x200"],
+        "model_input": ["84x56", "112x84"],
+        "image_tokens": 18,
+        "image_tokens_per_image": {"min": 6, "max": 12},
+    }
+    assert report["datasets"][0]["lengths"]["prompt"]["max"] > 16  # the vision tokens are prompt tokens
+    text = format_report(report)
+    assert (
+        "images: 2 in 1 samples, resized to 40x30 .. 300x200 px (model input 84x56 .. 112x84), 18 image tokens"
+        in text
+    )
+
+
+def test_image_pixel_bounds_on_a_text_model_say_they_have_no_effect(base_cfg, tiny_model, caplog):
+    from lmstack.data.pipeline import check_data_args
+
+    cfg = build_config({**base_cfg, "image_max_pixels": 4096})
+    with caplog.at_level("WARNING", logger="lmstack.data.mm"):
+        check_data_args(cfg)
+    assert f"image_max_pixels: no effect on the text model {tiny_model}" in caplog.text
+
+
+def test_tiny_model_command_builds_a_vision_model(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    from lmstack.cli.main import main
+
+    data = Path(__file__).resolve().parents[3] / "data"
+    assert main(["tiny-model", str(tmp_path / "vlm"), "--vision", "qwen2_5_vl", "--data-dir", str(data)]) == 0
+    assert (
+        type(AutoModelForImageTextToText.from_pretrained(tmp_path / "vlm")).__name__
+        == "Qwen2_5_VLForConditionalGeneration"
+    )
+    assert (tmp_path / "vlm" / "preprocessor_config.json").is_file()
