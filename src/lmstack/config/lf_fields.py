@@ -132,9 +132,6 @@ LF_FIELDS: dict[str, LFField] = {
     "use_hyper_parallel": D("the HyperParallel FSDP/TP backend", False),
     "hyper_parallel_args": D("the HyperParallel FSDP/TP backend", None),
     "hyper_parallel_cp_size": R("the HyperParallel FSDP/TP backend", 1),
-    "freeze_vision_tower": D("training the vision tower of a vision-language model", True),
-    "freeze_multi_modal_projector": D("training the projector of a vision-language model", True),
-    "freeze_language_model": D("freezing the language model of a vision-language model", False),
     "megatron_bridge_args": R(DERIVED),
     # ---- §4 GeneratingArguments ----
     "max_length": D("a total-length generation cap; LF drops it when max_new_tokens > 0", 1024),
