@@ -195,7 +195,8 @@ class ChatEngine:
     def sampling(self, **overrides: Any) -> Sampling:
         """Generation settings from the YAML; overrides (None = keep) for max_new_tokens, temperature,
         top_p, top_k, do_sample, repetition_penalty, and any other `Sampling` field (`stop`: a list of
-        strings that end the reply before the first of them). temperature 0 means greedy."""
+        strings that end the reply before the first of them). temperature 0 means greedy; an explicit
+        temperature above 0 (an OpenAI request's) samples even when the YAML says do_sample: false."""
         g = self.cfg.generating
         opts = {
             "max_tokens": g.max_new_tokens,
@@ -211,6 +212,8 @@ class ChatEngine:
         opts["stop"] = tuple(opts.get("stop") or ())
         if opts["temperature"] == 0:
             opts["do_sample"] = False
+        elif overrides.get("temperature") is not None and "do_sample" not in overrides:
+            opts["do_sample"] = True  # asking for a temperature above 0 asks for sampling
         return Sampling(**opts)
 
     def submit(self, ids: list[int], sampling: Sampling, sink: Sink, cancel: threading.Event) -> None:
