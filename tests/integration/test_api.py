@@ -618,3 +618,18 @@ def test_api_on_a_lora_training_yaml_serves_the_adapter_in_output_dir_under_its_
         stop_api(proc)
     line = f"adapter_name_or_path is unset: using the LoRA adapter trained in output_dir {run['output_dir']}"
     assert line in (root / "stderr.txt").read_text()
+
+
+@pytest.mark.parametrize("command, backend", [("api", "vllm"), ("chat", "sglang")])
+def test_an_engine_backend_without_its_package_refuses_to_start_before_the_model_loads(
+    api_cfg, tmp_path, command, backend
+):
+    path = Path(tmp_path / "api.yaml")
+    path.write_text(yaml.safe_dump({**api_cfg, "model_name_or_path": str(tmp_path / "missing")}))
+    cmd = [sys.executable, "-m", "lmstack.cli.main", command, str(path), f"infer_backend={backend}"]
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, env=ENV, timeout=120, stdin=subprocess.DEVNULL
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"infer_backend: {backend} needs the {backend} package: pip install {backend}" in result.stderr
+    assert "model_name_or_path" not in result.stderr

@@ -10,7 +10,8 @@ from pathlib import Path
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    from lmstack.infer.engine import ChatEngine, adapter_dirs, load_infer_config
+    from lmstack.infer.engine import adapter_dirs, load_infer_config
+    from lmstack.infer.engines import check_backend, load_engine
     from lmstack.infer.server import Limits, check_bind, serve
 
     api_key = args.api_key or os.environ.get("API_KEY") or None
@@ -19,7 +20,8 @@ def cmd_api(args: argparse.Namespace) -> int:
     limits.check()
     cfg = load_infer_config(args.config, args.overrides)
     name = args.model_name or Path((adapter_dirs(cfg) or [cfg.model.model_name_or_path])[-1]).name
-    engine = ChatEngine.from_config(cfg, max_batch=limits.max_batch)
+    check_backend(cfg)  # a missing vllm / sglang package is named before the model loads
+    engine = load_engine(cfg, max_batch=limits.max_batch)
     serve(engine, args.host, args.port, api_key, name, limits)
     return 0
 

@@ -87,19 +87,27 @@ def inference_dtype(cfg: Config) -> Any:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
-def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
-    """(model with all adapters merged, tokenizer fixed by the template, template)."""
-    from transformers import AutoModelForCausalLM
-
-    from lmstack.launch.context import LaunchContext
-    from lmstack.models.load import hub_kwargs, load_tokenizer
-    from lmstack.plan.decide import attention
+def load_tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
+    """The tokenizer fixed by the training template, and the template."""
+    from lmstack.models.load import load_tokenizer
     from lmstack.templates import get_template
 
     tokenizer = load_tokenizer(cfg)
     template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
+    return tokenizer, template
+
+
+def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
+    """(model with all adapters merged, tokenizer fixed by the template, template)."""
+    from transformers import AutoModelForCausalLM
+
+    from lmstack.launch.context import LaunchContext
+    from lmstack.models.load import hub_kwargs
+    from lmstack.plan.decide import attention
+
+    tokenizer, template = load_tokenizer_and_template(cfg)
     dtype = inference_dtype(cfg)
     model = AutoModelForCausalLM.from_pretrained(
         cfg.model.model_name_or_path,
@@ -137,36 +145,34 @@ def stop_token_ids(model: Any, tokenizer: Any, template: Any) -> list[int]:
     return sorted(ids)
 
 
-class ChatEngine:
-    """The transformers backend: the model, its template and a continuous-batching scheduler
-    (`infer/batching.py`). `submit` is the interface `lmstack api` uses for every backend."""
+def stop_token_ids_of_tokenizer(cfg: Config, tokenizer: Any, template: Any) -> list[int]:
+    """`stop_token_ids` without a loaded model: the EOS ids of the model folder's
+    generation_config.json (when it has one)."""
+    from transformers import GenerationConfig
 
-    name = "huggingface"
+    from lmstack.models.load import hub_kwargs
 
-    def __init__(self, cfg: Config, model: Any, tokenizer: Any, template: Any, max_batch: int = 16):
-        from lmstack.infer.batching import Scheduler
+    kwargs = {k: v for k, v in hub_kwargs(cfg).items() if k != "trust_remote_code"}
+    try:
+        config = GenerationConfig.from_pretrained(cfg.model.model_name_or_path, **kwargs)
+    except OSError:
+        config = None
 
-        self.cfg, self.model, self.tokenizer, self.template = cfg, model, tokenizer, template
-        self.stop_ids = stop_token_ids(model, tokenizer, template)
-        self.scheduler = Scheduler(
-            model, tokenizer, self.stop_ids, cfg.generating.skip_special_tokens, max_batch=max_batch
-        )
+    class _Model:
+        generation_config = config
 
-    @classmethod
-    def from_config(cls, cfg: Config, max_batch: int = 16) -> ChatEngine:
-        import torch
+    return stop_token_ids(_Model(), tokenizer, template)
 
-        check_inference(cfg)
-        if cfg.generating.num_beams > 1:
-            raise ConfigError(
-                f"num_beams: got {cfg.generating.num_beams}; chat/api stream tokens, which needs num_beams: 1"
-            )
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return cls(cfg, *load_for_inference(cfg, device), max_batch=max_batch)
 
-    @property
-    def max_length(self) -> int | None:
-        return getattr(self.model.config, "max_position_embeddings", None)
+class TemplateEngine:
+    """What every backend shares: the training template's prompts, the YAML's generation settings,
+    and blocking / streaming generation on top of the backend's `submit` (the interface `lmstack
+    api` uses). A backend sets `cfg`, `tokenizer`, `template` and implements `submit`."""
+
+    name = "base"
+    cfg: Config
+    tokenizer: Any
+    template: Any
 
     @property
     def tool_format(self) -> str:
@@ -216,10 +222,10 @@ class ChatEngine:
             opts["do_sample"] = True  # asking for a temperature above 0 asks for sampling
         return Sampling(**opts)
 
-    def submit(self, ids: list[int], sampling: Sampling, sink: Sink, cancel: threading.Event) -> None:
+    def submit(self, ids: list[int], sampling: Sampling, sink: Sink, cancel: Any) -> None:
         """Queues one sequence: `sink` gets `Piece`s, then the `Generation` (or an Exception);
-        setting `cancel` (from any thread) stops it at its next token, or before it starts."""
-        self.scheduler.submit(ids, sampling, sink, cancel)
+        `cancel.is_set()` (set from any thread) stops it at its next token, or before it starts."""
+        raise NotImplementedError
 
     def generate(
         self,
@@ -253,6 +259,52 @@ class ChatEngine:
     def stream_ids(self, ids: list[int], cancel: threading.Event | None = None, **overrides: Any) -> Stream:
         """`stream` from prompt ids; setting `cancel` (or `Stream.close`) stops at the next token."""
         return Stream(self, ids, self.sampling(**overrides), cancel)
+
+    def close(self) -> None:
+        pass
+
+
+class ChatEngine(TemplateEngine):
+    """The transformers backend: the model, its template and a continuous-batching scheduler
+    (`infer/batching.py`). `submit` is the interface `lmstack api` uses for every backend."""
+
+    name = "huggingface"
+
+    def __init__(self, cfg: Config, model: Any, tokenizer: Any, template: Any, max_batch: int = 16):
+        from lmstack.infer.batching import Scheduler
+
+        self.cfg, self.model, self.tokenizer, self.template = cfg, model, tokenizer, template
+        self.stop_ids = stop_token_ids(model, tokenizer, template)
+        self.scheduler = Scheduler(
+            model, tokenizer, self.stop_ids, cfg.generating.skip_special_tokens, max_batch=max_batch
+        )
+
+    @classmethod
+    def from_config(cls, cfg: Config, max_batch: int = 16) -> ChatEngine:
+        import torch
+
+        if cfg.model.infer_backend != "huggingface":
+            raise ConfigError(
+                f"infer_backend: {cfg.model.infer_backend} is served by lmstack api and lmstack chat "
+                "(lmstack.infer.engines.load_engine); this tool runs transformers: set infer_backend: "
+                "huggingface"
+            )
+        check_inference(cfg)
+        if cfg.generating.num_beams > 1:
+            raise ConfigError(
+                f"num_beams: got {cfg.generating.num_beams}; chat/api stream tokens, which needs num_beams: 1"
+            )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return cls(cfg, *load_for_inference(cfg, device), max_batch=max_batch)
+
+    @property
+    def max_length(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    def submit(self, ids: list[int], sampling: Sampling, sink: Sink, cancel: threading.Event) -> None:
+        """Queues one sequence: `sink` gets `Piece`s, then the `Generation` (or an Exception);
+        setting `cancel` (from any thread) stops it at its next token, or before it starts."""
+        self.scheduler.submit(ids, sampling, sink, cancel)
 
     def close(self) -> None:
         self.scheduler.close()
