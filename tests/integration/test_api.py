@@ -633,3 +633,30 @@ def test_an_engine_backend_without_its_package_refuses_to_start_before_the_model
     assert result.returncode == 2, result.stderr
     assert f"infer_backend: {backend} needs the {backend} package: pip install {backend}" in result.stderr
     assert "model_name_or_path" not in result.stderr
+
+
+def test_serve_bench_measures_concurrent_chats(api_cfg, tmp_path):
+    """bench/serve_bench.py (the H200 serving benchmark) on the tiny model with 4 requests."""
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(api_cfg))
+    script = Path(__file__).resolve().parents[2] / "bench" / "serve_bench.py"
+    cmd = [
+        sys.executable,
+        str(script),
+        str(path),
+        "--requests",
+        "4",
+        "--concurrency",
+        "4",
+        "--max-tokens",
+        str(CAP),
+    ]
+    cmd += ["--results", str(tmp_path / "serve.jsonl"), "--api-arg=--max-batch=4"]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (tmp_path / "serve.jsonl").read_text().strip() == result.stdout.strip().splitlines()[-1]
+    assert line["requests"] == 4 and line["concurrency"] == 4 and line["api_args"] == ["--max-batch=4"]
+    assert 0 < line["completion_tokens"] <= 4 * CAP
+    assert line["requests_per_s"] == pytest.approx(4 / line["wall_s"], rel=0.01)
+    assert 0 < line["p50_ttft_s"] <= line["p50_latency_s"] <= line["p99_latency_s"] <= line["wall_s"]
