@@ -377,6 +377,12 @@ def test_completions_endpoint(client, engine):
         ({"prompt": "hi", "best_of": 3}, 400, "best_of: got 3"),
         ({"prompt": "hi", "model": "davinci"}, 404, "model: 'davinci' does not exist"),
         ({"prompt": []}, 400, "prompt: empty"),
+        ({"prompt": [1, 10**9]}, 400, "prompt: token id 1000000000 is outside the vocabulary"),
+        (
+            {"prompt": "x" * 300_000},
+            400,
+            "prompt: the prompt has 300000 characters; this server allows at most 8192 tokens",
+        ),
     ],
 )
 def test_bad_completions_requests_get_4xx_json_errors(server, body, status, message):

@@ -287,30 +287,35 @@ def tool_choice(req: ChatRequest, tool_format: str) -> tuple[str | None, str | N
     return tools, name
 
 
-def _too_long(message: str) -> APIError:
-    return APIError(400, message, param="messages", code="context_length_exceeded")
+def _too_long(message: str, field: str = "messages") -> APIError:
+    return APIError(400, message, param=field, code="context_length_exceeded")
 
 
-def check_prompt_chars(system: str | None, conv: list[dict], limit: int) -> None:
+def check_prompt_chars(system: str | None, conv: list[dict], limit: int, field: str = "messages") -> None:
     """Before tokenizing: a prompt of more characters than `limit` tokens could hold is refused."""
     chars = len(system or "") + sum(len(m["content"]) for m in conv)
     if chars > limit * CHARS_PER_TOKEN:
         raise _too_long(
-            f"messages: the prompt has {chars} characters; this server allows at most {limit} tokens "
-            f"(lmstack api --max-prompt-tokens), so at most {limit * CHARS_PER_TOKEN} characters"
+            f"{field}: the prompt has {chars} characters; this server allows at most {limit} tokens "
+            f"(lmstack api --max-prompt-tokens), so at most {limit * CHARS_PER_TOKEN} characters",
+            field,
         )
 
 
-def check_prompt_tokens(prompt_len: int, max_tokens: int, limit: int, context: int | None) -> None:
+def check_prompt_tokens(
+    prompt_len: int, max_tokens: int, limit: int, context: int | None, field: str = "messages"
+) -> None:
     if prompt_len > limit:
         raise _too_long(
-            f"messages: the prompt has {prompt_len} tokens; this server allows at most {limit} "
-            "(lmstack api --max-prompt-tokens)"
+            f"{field}: the prompt has {prompt_len} tokens; this server allows at most {limit} "
+            "(lmstack api --max-prompt-tokens)",
+            field,
         )
     if context and prompt_len + max_tokens > context:
         raise _too_long(
-            f"messages: the prompt has {prompt_len} tokens; with max_tokens {max_tokens} it exceeds "
-            f"the model's {context}-token context"
+            f"{field}: the prompt has {prompt_len} tokens; with max_tokens {max_tokens} it exceeds "
+            f"the model's {context}-token context",
+            field,
         )
 
 

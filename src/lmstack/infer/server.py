@@ -271,7 +271,13 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
         out = []
         for prompt in prompts:
             ids = engine.text_ids(prompt) if isinstance(prompt, str) else list(prompt)
-            check_prompt_tokens(len(ids), max_tokens, limits.max_prompt_tokens, engine.max_length)
+            vocab = len(engine.tokenizer)
+            bad = next((i for i in ids if not 0 <= i < vocab), None)
+            if bad is not None:
+                raise APIError(
+                    400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt"
+                )
+            check_prompt_tokens(len(ids), max_tokens, limits.max_prompt_tokens, engine.max_length, "prompt")
             out.append(ids)
         return out
 
@@ -337,7 +343,7 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
         prompts = _prompts(req.prompt)
         for p in prompts:
             if isinstance(p, str):
-                check_prompt_chars(None, [{"content": p}], limits.max_prompt_tokens)
+                check_prompt_chars(None, [{"content": p}], limits.max_prompt_tokens, "prompt")
         top = req.logprobs or 0
         samplings = _samplings(engine, req, max_tokens, logprobs=req.logprobs is not None, top_logprobs=top)
         reply = Reply(f"cmpl-{uuid.uuid4().hex}", model_name, engine.tool_format, req, None)
