@@ -161,6 +161,10 @@ class JsonVocab:
 
     def __init__(self, tokenizer: Any, max_states: int = 4096):
         self.texts = token_texts(tokenizer)
+        self._by_first: dict[str, list[int]] = {}
+        for tid, text in enumerate(self.texts):
+            if text:
+                self._by_first.setdefault(text[0], []).append(tid)
         self.max_states = max_states
         self._cache: OrderedDict[State, Any] = OrderedDict()
 
@@ -171,10 +175,15 @@ class JsonVocab:
         if cached is not None:
             self._cache.move_to_end(state)
             return cached
-        out = []
-        for text in self.texts:
-            nxt = feed(state, text) if text else None
-            out.append(INVALID if nxt is None else distance(nxt))
+        out = [INVALID] * len(self.texts)
+        for first, tokens in self._by_first.items():
+            after_first = feed_char(state, first)
+            if after_first is None:  # every token starting with this character breaks the JSON
+                continue
+            for tid in tokens:
+                nxt = feed(after_first, self.texts[tid][1:])
+                if nxt is not None:
+                    out[tid] = distance(nxt)
         table = torch.tensor(out, dtype=torch.int64)
         self._cache[state] = table
         if len(self._cache) > self.max_states:
