@@ -25,7 +25,9 @@ from lmstack.infer.engine import ChatEngine, load_infer_config
 KEY = "test-key-0123456789"
 MODEL = "tiny-qwen"
 CAP = 8
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+# one intra-op thread: on a small shared CI box, OpenMP threads spinning against other processes make
+# single ops up to 25x slower at random, which would swamp the timings compared here
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 ENV.pop("API_KEY", None)
 HELLO = [{"role": "user", "content": "Hello there"}]
 
@@ -183,13 +185,15 @@ def test_parallel_requests_are_batched_and_each_equals_its_answer_served_alone(l
         )
 
     ask((0, PROMPTS[0]))  # warm
-    start = time.monotonic()
-    singles = [ask((i, p)) for i, p in enumerate(PROMPTS[:2])]
-    single = (time.monotonic() - start) / 2
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+    single, together = float("inf"), float("inf")
+    for _ in range(2):  # best of two, against noise from other processes
         start = time.monotonic()
-        replies = list(pool.map(ask, enumerate(PROMPTS)))
-        together = time.monotonic() - start
+        singles = [ask((i, p)) for i, p in enumerate(PROMPTS[:2])]
+        single = min(single, (time.monotonic() - start) / 2)
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            start = time.monotonic()
+            replies = list(pool.map(ask, enumerate(PROMPTS)))
+            together = min(together, time.monotonic() - start)
     assert singles == [alone[p].text for p in PROMPTS[:2]]
     assert replies == [alone[p].text for p in PROMPTS]
     assert all(alone[p].completion_tokens > 20 for p in PROMPTS)  # long enough to measure
