@@ -34,7 +34,8 @@ MALFORMED = [
     (b'{"model": "m", "messages": "hi"}', 422),
     (b'{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}', 422),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}', 422),
-    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3}', 400),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 99}', 400),
+    (b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}', 404),
     (b'{"model": "m", "messages": [{"role": "assistant", "content": "x"}]}', 400),
 ]
 
@@ -185,7 +186,7 @@ def soak_server(tiny_model, tmp_path):
         "do_sample": False,
         "max_new_tokens": CAP,
     }
-    limits = ("--max-queue", str(CLIENTS + 4), "--max-prompt-tokens", str(PROMPT_TOKENS))
+    limits = ("--max-queue", str(CLIENTS + 4), "--max-prompt-tokens", str(PROMPT_TOKENS), "--model-name", "m")
     url, proc = start_api(tmp_path, cfg, *limits)
     try:
         yield url, proc

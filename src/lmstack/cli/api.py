@@ -13,16 +13,18 @@ def cmd_api(args: argparse.Namespace) -> int:
     from lmstack.config.extras import require
 
     require("serve", "lmstack api")  # fastapi + uvicorn, before the model loads
-    from lmstack.infer.engine import ChatEngine, adapter_dirs, load_infer_config
+    from lmstack.infer.engine import adapter_dirs, load_infer_config
+    from lmstack.infer.engines import check_backend, load_engine
     from lmstack.infer.server import Limits, check_bind, serve
 
     api_key = args.api_key or os.environ.get("API_KEY") or None
     check_bind(args.host, api_key)  # before the model loads
-    limits = Limits(args.max_queue, args.max_prompt_tokens, args.max_tokens_limit)
+    limits = Limits(args.max_queue, args.max_prompt_tokens, args.max_tokens_limit, args.max_batch)
     limits.check()
     cfg = load_infer_config(args.config, args.overrides)
     name = args.model_name or Path((adapter_dirs(cfg) or [cfg.model.model_name_or_path])[-1]).name
-    engine = ChatEngine.from_config(cfg)
+    check_backend(cfg)  # a missing vllm / sglang package is named before the model loads
+    engine = load_engine(cfg, max_batch=limits.max_batch)
     serve(engine, args.host, args.port, api_key, name, limits)
     return 0
 
@@ -32,13 +34,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "api",
-        help="serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions)",
+        help="serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)",
         description=(
-            "OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions (stream or not). Binds "
+            "OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions and /v1/completions "
+            "(stream or not; n, seed, stop, logprobs, response_format json_object, tools). Binds "
             "127.0.0.1 by default; any other address needs an API key of at least "
             f"{MIN_KEY_CHARS} characters (--api-key or API_KEY). max_new_tokens in the YAML is the "
-            "default of a request's max_tokens. One generation runs at a time; a client that "
-            "disconnects stops its generation."
+            "default of a request's max_tokens. Concurrent requests are decoded together (continuous "
+            "batching, up to --max-batch sequences); a client that disconnects stops its generation."
         ),
     )
     p.add_argument(
@@ -58,8 +61,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-queue",
         type=int,
         default=defaults.max_queue,
-        help="requests that may wait behind the one generating; more get HTTP 503 with Retry-After "
-        f"(default {defaults.max_queue})",
+        help="requests that may wait while --max-batch sequences generate; more get HTTP 503 with "
+        f"Retry-After (default {defaults.max_queue})",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=defaults.max_batch,
+        help=f"sequences decoded together (continuous batching; default {defaults.max_batch})",
     )
     p.add_argument(
         "--max-prompt-tokens",

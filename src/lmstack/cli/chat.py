@@ -44,11 +44,12 @@ def chat_loop(session, read: Callable[[str], str] = input, out: TextIO = sys.std
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from lmstack.infer.engine import ChatEngine, ChatSession, load_infer_config
+    from lmstack.infer.engine import ChatSession, load_infer_config
+    from lmstack.infer.engines import load_engine
     from lmstack.infer.vision import session_for
 
     cfg = load_infer_config(args.config, args.overrides)
-    engine = ChatEngine.from_config(cfg)
+    engine = load_engine(cfg)  # infer_backend: huggingface | vllm | sglang
     chat_loop(session_for(engine) or ChatSession(engine))  # a vision model: `/image PATH` attaches one
     return 0
 
@@ -60,7 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Terminal chat: streaming replies, history; `clear` forgets the history, `exit` quits. "
             "Generation settings (do_sample, temperature, top_p, top_k, max_new_tokens, "
-            "repetition_penalty) come from the YAML."
+            "repetition_penalty) come from the YAML; infer_backend (huggingface | vllm | sglang) picks "
+            "the engine."
         ),
     )
     p.add_argument(

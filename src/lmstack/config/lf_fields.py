@@ -2,7 +2,7 @@
 
 Each entry is one of
 - `default`: accepted when its value is LF's default and that default is what lmstack already does
-  (`infer_backend: huggingface`, `use_kt: false`); any other value is refused, naming the value;
+  (`use_kt: false`); any other value is refused, naming the value;
 - `refused`: any value is refused: the field only configures a feature lmstack does not have.
 Both refusals read "LLaMA-Factory's `<field>` (<feature>) is not available in lmstack; remove it".
 
@@ -36,8 +36,6 @@ def R(feature: str, lf_default: Any = None, hint: str = "") -> LFField:  # noqa:
 
 MM = "video/audio input and these image options (lmstack reads images for Qwen2-VL and LLaVA)"
 KT = "KTransformers CPU/AMX offload of MoE experts"
-VLLM = "the vLLM inference engine"
-SGL = "the SGLang inference engine"
 RAY = "Ray-launched training"
 PROF = "the torch profiler"
 SWAN = "SwanLab's Lark (Feishu) notifications"
@@ -61,7 +59,6 @@ LF_FIELDS: dict[str, LFField] = {
     "use_unsloth_gc": D("Unsloth's CPU-offloaded gradient checkpointing", False),
     "moe_aux_loss_coef": D("a MoE router auxiliary-loss weight", None),
     "upcast_lmhead_output": D("fp32 output-head logits", False),
-    "infer_backend": D("the vLLM / SGLang inference engines", "huggingface"),
     "offload_folder": D("a disk offload folder for an automatic device map", "offload"),
     "use_kv_cache": D("generation without the KV cache", True),
     "use_v1_kernels": D("LF v1 kernel plugins, e.g. fused Ascend NPU ops", False),
@@ -86,17 +83,6 @@ LF_FIELDS: dict[str, LFField] = {
     "export_quantization_maxlen": R("GPTQ quantization at export", 1024),
     "export_legacy_format": D(".bin weights at export", False),
     "export_hub_model_id": D("pushing the export to the Hugging Face Hub", None),
-    # ---- §1.5 VllmArguments / §1.6 SGLangArguments ----
-    "vllm_maxlen": R(VLLM, 4096),
-    "vllm_gpu_util": R(VLLM, 0.7),
-    "vllm_enforce_eager": R(VLLM, False),
-    "vllm_max_lora_rank": R(VLLM, 32),
-    "vllm_config": R(VLLM),
-    "sglang_maxlen": R(SGL, 4096),
-    "sglang_mem_fraction": R(SGL, 0.7),
-    "sglang_tp_size": R(SGL, -1),
-    "sglang_config": R(SGL),
-    "sglang_lora_backend": R(SGL, "triton"),
     # ---- §1.7 KTransformersArguments (+ the runtime kt_config) ----
     "use_kt": D(KT, False),
     "kt_cpu_activation": R(KT),

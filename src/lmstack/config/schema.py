@@ -79,6 +79,38 @@ class ModelArgs(Section):
     print_param_status: bool = Field(
         False, description="Log every parameter's dtype, device and trainability."
     )
+    infer_backend: Literal["huggingface", "vllm", "sglang"] = Field(
+        "huggingface", description="Engine of chat/api: transformers (batched by lmstack), vLLM or SGLang."
+    )
+    vllm_maxlen: int = Field(4096, gt=0, description="Max prompt+completion length of the vLLM engine.")
+    vllm_gpu_util: float = Field(0.7, gt=0, le=1, description="Fraction of GPU memory vLLM may reserve.")
+    vllm_enforce_eager: bool = Field(False, description="Disable CUDA graphs in vLLM.")
+    vllm_max_lora_rank: int = Field(32, gt=0, description="Largest LoRA rank vLLM must support.")
+    vllm_config: dict[str, Any] | None = Field(
+        None, description="Extra vLLM engine arguments (a mapping or its JSON string)."
+    )
+    sglang_maxlen: int = Field(4096, gt=0, description="Context length of the SGLang engine.")
+    sglang_mem_fraction: float = Field(0.7, gt=0, le=1, description="Static memory fraction for SGLang.")
+    sglang_tp_size: int = Field(-1, description="SGLang tensor-parallel size; -1 = every visible GPU.")
+    sglang_config: dict[str, Any] | None = Field(
+        None, description="Extra SGLang engine arguments (a mapping or its JSON string)."
+    )
+    sglang_lora_backend: Literal["triton", "flashinfer"] = Field(
+        "triton", description="Kernel backend of SGLang's LoRA GEMMs."
+    )
+
+    @field_validator("vllm_config", "sglang_config", mode="before")
+    @classmethod
+    def _json_config(cls, value: object) -> object:
+        """LF reads these as a JSON string too (`vllm_config: '{"max_num_seqs": 64}'`)."""
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"not valid JSON ({err.msg}); write a mapping like {{max_num_seqs: 64}}"
+                ) from None
+        return value
 
 
 class DataArgs(Section):

@@ -1,7 +1,7 @@
 """Admission and client-disconnect handling for `lmstack api` (`infer/server.py`).
 
-`Gate` admits at most `max_queue` requests behind the one generating and lets one generation run at a
-time, first come first served. `until_disconnect` watches the ASGI receive channel while a request
+`Gate` admits at most `capacity` requests at once (those generating together plus those waiting
+for a place in the batch). `until_disconnect` watches the ASGI receive channel while a request
 waits or generates: when the client goes away it sets the request's cancel event (the engine stops
 at the next token) and cancels the waits. `event_stream` is a server-sent-events response that does
 the same for a stream and releases the request's admission however the response ends.
@@ -22,41 +22,30 @@ logger = logging.getLogger(__name__)
 
 
 class Gate:
-    """`admit()` counts a request in until the returned `release` is called (None: full);
-    `generating()` holds the one generation slot. `seconds` is a recent generation's duration."""
+    """`admit()` counts a request in until the returned `release` is called (None: full, when
+    `capacity` requests are in). `seconds` is a recent request's duration (for Retry-After)."""
 
-    def __init__(self, max_queue: int):
-        import anyio
-
-        self.max_queue, self.admitted, self.seconds = max_queue, 0, 1.0
-        self.lock = anyio.Lock()
+    def __init__(self, capacity: int):
+        self.capacity, self.admitted, self.seconds = capacity, 0, 1.0
 
     def admit(self) -> Callable[[], None] | None:
-        if self.admitted > self.max_queue:
+        if self.admitted >= self.capacity:
             return None
         self.admitted += 1
-        released = False
+        released, start = False, time.monotonic()
 
         def release() -> None:
             nonlocal released
             if not released:
                 released, self.admitted = True, self.admitted - 1
+                self.seconds = 0.7 * self.seconds + 0.3 * (time.monotonic() - start)
 
         return release
 
     @property
     def retry_after(self) -> int:
-        """Seconds until a slot likely frees: the running generation ends (about `seconds`)."""
+        """Seconds until a slot likely frees (about one request's duration)."""
         return min(3600, max(1, math.ceil(self.seconds)))
-
-    @asynccontextmanager
-    async def generating(self) -> AsyncIterator[None]:
-        async with self.lock:
-            start = time.monotonic()
-            try:
-                yield
-            finally:
-                self.seconds = 0.7 * self.seconds + 0.3 * (time.monotonic() - start)
 
 
 @asynccontextmanager

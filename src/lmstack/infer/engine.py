@@ -5,23 +5,25 @@
 `adapter_name_or_path` is merged into it in order, and prompts are encoded with the training template
 (`template`, `default_system`, `enable_thinking`, `preserve_thinking`), so inference sees exactly the
 ids training saw. Generation stops at the template's stop tokens (plus the model's own EOS ids); the
-stop token is never part of the returned text. One generation runs at a time (`ChatEngine.lock`);
-a `cancel` event set from another thread (the API server does so when its client disconnects) stops a
-generation at its next token.
+stop token is never part of the returned text. Generations run through a continuous-batching
+scheduler (`infer/batching.py`): concurrent requests decode together. A `cancel` event set from
+another thread (the API server does so when its client disconnects) stops a generation at its next
+token.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config, load_yaml, parse_overrides
 from lmstack.config.schema import Config
+from lmstack.infer.sampling import Generation, Sampling, Sink
 from lmstack.infer.trained import NO_OUTPUT_DIR, resolve_trained_model
 
 logger = logging.getLogger(__name__)
@@ -85,20 +87,28 @@ def inference_dtype(cfg: Config) -> Any:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
-def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
-    """(model with all adapters merged, tokenizer fixed by the template, template)."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-
-    from lmstack.launch.context import LaunchContext
-    from lmstack.models.load import hub_kwargs, load_tokenizer
-    from lmstack.models.vision import vision_model_type
-    from lmstack.plan.decide import attention
+def load_tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
+    """The tokenizer fixed by the training template, and the template."""
+    from lmstack.models.load import load_tokenizer
     from lmstack.templates import get_template
 
     tokenizer = load_tokenizer(cfg)
     template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
+    return tokenizer, template
+
+
+def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
+    """(model with all adapters merged, tokenizer fixed by the template, template)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from lmstack.launch.context import LaunchContext
+    from lmstack.models.load import hub_kwargs
+    from lmstack.models.vision import vision_model_type
+    from lmstack.plan.decide import attention
+
+    tokenizer, template = load_tokenizer_and_template(cfg)
     dtype = inference_dtype(cfg)
     vision = vision_model_type(cfg.model.model_name_or_path)  # Qwen2-VL / LLaVA: image-text-to-text
     model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(
@@ -137,95 +147,87 @@ def stop_token_ids(model: Any, tokenizer: Any, template: Any) -> list[int]:
     return sorted(ids)
 
 
-@dataclass
-class Generation:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str  # "stop" (a stop token or an abort) | "length" (max_new_tokens reached)
+def stop_token_ids_of_tokenizer(cfg: Config, tokenizer: Any, template: Any) -> list[int]:
+    """`stop_token_ids` without a loaded model: the EOS ids of the model folder's
+    generation_config.json (when it has one)."""
+    from transformers import GenerationConfig
+
+    from lmstack.models.load import hub_kwargs
+
+    kwargs = {k: v for k, v in hub_kwargs(cfg).items() if k != "trust_remote_code"}
+    try:
+        config = GenerationConfig.from_pretrained(cfg.model.model_name_or_path, **kwargs)
+    except OSError:
+        config = None
+
+    class _Model:
+        generation_config = config
+
+    return stop_token_ids(_Model(), tokenizer, template)
 
 
-class ChatEngine:
-    def __init__(self, cfg: Config, model: Any, tokenizer: Any, template: Any):
-        self.cfg, self.model, self.tokenizer, self.template = cfg, model, tokenizer, template
-        self.stop_ids = stop_token_ids(model, tokenizer, template)
-        self.lock = threading.Lock()
+class TemplateEngine:
+    """What every backend shares: the training template's prompts, the YAML's generation settings,
+    and blocking / streaming generation on top of the backend's `submit` (the interface `lmstack
+    api` uses). A backend sets `cfg`, `tokenizer`, `template` and implements `submit`."""
 
-    @classmethod
-    def from_config(cls, cfg: Config) -> ChatEngine:
-        import torch
-
-        check_inference(cfg)
-        if cfg.generating.num_beams > 1:
-            raise ConfigError(
-                f"num_beams: got {cfg.generating.num_beams}; chat/api stream tokens, which needs num_beams: 1"
-            )
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return cls(cfg, *load_for_inference(cfg, device))
+    name = "base"
+    cfg: Config
+    tokenizer: Any
+    template: Any
 
     @property
-    def max_length(self) -> int | None:
-        return getattr(self.model.config, "max_position_embeddings", None)
+    def tool_format(self) -> str:
+        return self.template.tool_format
 
-    def prompt_ids(self, messages: list[dict], system: str | None = None) -> list[int]:
+    def prompt_ids(
+        self, messages: list[dict], system: str | None = None, tools: str | None = None
+    ) -> list[int]:
         """`messages` alternate user|observation and assistant|function and end with a user turn;
-        `system=None` uses `default_system` from the YAML, else the template's own."""
+        `system=None` uses `default_system` from the YAML, else the template's own; `tools` is a
+        JSON list of function schemas, written in the template's tool format."""
         d = self.cfg.data
         return self.template.encode_prompt(
             self.tokenizer,
             messages,
             system if system is not None else d.default_system,
+            tools=tools,
             enable_thinking=d.enable_thinking,
             preserve_thinking=d.preserve_thinking,
         )
 
-    def generate_kwargs(self, **overrides: Any) -> dict:
-        """Generation settings from the YAML; overrides (None = keep) for max_new_tokens,
-        temperature, top_p, top_k, do_sample, repetition_penalty. temperature 0 means greedy.
-        `stop` (a list of strings) ends the reply before the first of them, on top of the
-        template's stop tokens."""
+    def text_ids(self, text: str, special: bool = True) -> list[int]:
+        """A raw prompt (`/v1/completions`), with the tokenizer's own special tokens when `special`."""
+        return self.tokenizer.encode(text, add_special_tokens=special)
+
+    def sampling(self, **overrides: Any) -> Sampling:
+        """Generation settings from the YAML; overrides (None = keep) for max_new_tokens, temperature,
+        top_p, top_k, do_sample, repetition_penalty, and any other `Sampling` field (`stop`: a list of
+        strings that end the reply before the first of them). temperature 0 means greedy; an explicit
+        temperature above 0 (an OpenAI request's) samples even when the YAML says do_sample: false."""
         g = self.cfg.generating
-        stop = overrides.pop("stop", None)
         opts = {
-            "max_new_tokens": g.max_new_tokens,
+            "max_tokens": g.max_new_tokens,
             "do_sample": g.do_sample,
             "temperature": g.temperature,
             "top_p": g.top_p,
             "top_k": g.top_k,
             "repetition_penalty": g.repetition_penalty,
         }
+        if "max_new_tokens" in overrides:
+            overrides["max_tokens"] = overrides.pop("max_new_tokens")
         opts.update({k: v for k, v in overrides.items() if v is not None})
+        opts["stop"] = tuple(opts.get("stop") or ())
         if opts["temperature"] == 0:
             opts["do_sample"] = False
-        if not opts["do_sample"]:
-            for key in ("temperature", "top_p", "top_k"):
-                opts.pop(key)
-        kwargs = {
-            **opts,
-            "num_beams": 1,
-            "eos_token_id": self.stop_ids,
-            "pad_token_id": self.tokenizer.pad_token_id,
-        }
-        if stop:
-            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
-        return kwargs
+        elif overrides.get("temperature") is not None and "do_sample" not in overrides:
+            opts["do_sample"] = True  # asking for a temperature above 0 asks for sampling
+        return Sampling(**opts)
 
-    def _inputs(self, ids: list[int]) -> dict:
-        import torch
-
-        input_ids = torch.tensor([ids], device=self.model.device)
-        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-
-    def _finish(self, prompt_len: int, output: Any, kwargs: dict) -> Generation:
-        new = output[0, prompt_len:].tolist()
-        stopped = bool(new) and new[-1] in self.stop_ids
-        text_ids = new[:-1] if stopped else new
-        text = self.tokenizer.decode(text_ids, skip_special_tokens=self.cfg.generating.skip_special_tokens)
-        cut = first_stop(text, kwargs.get("stop_strings"))
-        if cut is not None:
-            text, stopped = text[:cut], True
-        reason = "length" if not stopped and len(new) >= kwargs["max_new_tokens"] else "stop"
-        return Generation(text, prompt_len, len(new), reason)
+    def submit(self, ids: list[int], sampling: Sampling, sink: Sink, cancel: Any) -> None:
+        """Queues one sequence: `sink` gets `Piece`s, then the `Generation` (or an Exception);
+        `cancel.is_set()` (set from any thread) stops it at its next token, or before it starts."""
+        raise NotImplementedError
 
     def generate(
         self,
@@ -240,14 +242,11 @@ class ChatEngine:
         self, ids: list[int], cancel: threading.Event | None = None, **overrides: Any
     ) -> Generation:
         """Generates from prompt ids; setting `cancel` (from any thread) stops at the next token."""
-        import torch
-
-        kwargs = self.generate_kwargs(**overrides)
-        with self.lock, torch.inference_mode():
-            output = self.model.generate(
-                **self._inputs(ids), **kwargs, stopping_criteria=stop_when_set(cancel)
-            )
-        return self._finish(len(ids), output, kwargs)
+        stream = self.stream_ids(ids, cancel, **overrides)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
 
     def stream(
         self,
@@ -256,109 +255,98 @@ class ChatEngine:
         cancel: threading.Event | None = None,
         **overrides: Any,
     ) -> Stream:
-        """Starts generating in a thread (waiting for the lock first); iterate the result for text."""
+        """Queues the generation; iterate the result for text."""
         return self.stream_ids(self.prompt_ids(messages, system), cancel, **overrides)
 
     def stream_ids(self, ids: list[int], cancel: threading.Event | None = None, **overrides: Any) -> Stream:
         """`stream` from prompt ids; setting `cancel` (or `Stream.close`) stops at the next token."""
-        return Stream(self, ids, self.generate_kwargs(**overrides), cancel)
+        return Stream(self, ids, self.sampling(**overrides), cancel)
+
+    def close(self) -> None:
+        pass
 
 
-def stop_when_set(*events: threading.Event | None) -> Any:
-    """Stopping criteria for `generate` that end every sequence once any of `events` is set."""
-    import torch
-    from transformers import StoppingCriteria, StoppingCriteriaList
+class ChatEngine(TemplateEngine):
+    """The transformers backend: the model, its template and a continuous-batching scheduler
+    (`infer/batching.py`). `submit` is the interface `lmstack api` uses for every backend."""
 
-    watched = [e for e in events if e is not None]
+    name = "huggingface"
 
-    class _Cancelled(StoppingCriteria):
-        def __call__(self, input_ids: Any, scores: Any, **kw: Any) -> Any:
-            done = any(e.is_set() for e in watched)
-            return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+    def __init__(self, cfg: Config, model: Any, tokenizer: Any, template: Any, max_batch: int = 16):
+        from lmstack.infer.batching import Scheduler
 
-    return StoppingCriteriaList([_Cancelled()] if watched else [])
+        self.cfg, self.model, self.tokenizer, self.template = cfg, model, tokenizer, template
+        self.stop_ids = stop_token_ids(model, tokenizer, template)
+        self.scheduler = Scheduler(
+            model, tokenizer, self.stop_ids, cfg.generating.skip_special_tokens, max_batch=max_batch
+        )
+
+    @classmethod
+    def from_config(cls, cfg: Config, max_batch: int = 16) -> ChatEngine:
+        import torch
+
+        if cfg.model.infer_backend != "huggingface":
+            raise ConfigError(
+                f"infer_backend: {cfg.model.infer_backend} is served by lmstack api and lmstack chat "
+                "(lmstack.infer.engines.load_engine); this tool runs transformers: set infer_backend: "
+                "huggingface"
+            )
+        check_inference(cfg)
+        if cfg.generating.num_beams > 1:
+            raise ConfigError(
+                f"num_beams: got {cfg.generating.num_beams}; chat/api stream tokens, which needs num_beams: 1"
+            )
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return cls(cfg, *load_for_inference(cfg, device), max_batch=max_batch)
+
+    @property
+    def max_length(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    def submit(self, ids: list[int], sampling: Sampling, sink: Sink, cancel: threading.Event) -> None:
+        """Queues one sequence: `sink` gets `Piece`s, then the `Generation` (or an Exception);
+        setting `cancel` (from any thread) stops it at its next token, or before it starts."""
+        self.scheduler.submit(ids, sampling, sink, cancel)
+
+    def close(self) -> None:
+        self.scheduler.close()
 
 
 class Stream:
-    """Text pieces as they are generated. After iteration: `.result` (a `Generation`); `.close()`
-    stops the generation early (the lock is released when the generating thread ends)."""
+    """Text pieces as they are generated (any backend's `submit`). After iteration: `.result`
+    (a `Generation`); `.close()` stops the generation at its next token."""
 
     def __init__(
-        self, engine: ChatEngine, ids: list[int], kwargs: dict, cancel: threading.Event | None = None
+        self, engine: Any, ids: list[int], sampling: Sampling, cancel: threading.Event | None = None
     ):
-        from transformers import TextIteratorStreamer
-
-        stop_ids = set(engine.stop_ids)
+        self.events: queue.Queue = queue.Queue()
         self.abort = threading.Event()
-
-        class _Streamer(TextIteratorStreamer):  # drops the stop token so it never shows in the text
-            def put(self, value: Any) -> None:
-                if not self.next_tokens_are_prompt and value.numel() == 1 and int(value) in stop_ids:
-                    return
-                super().put(value)
-
-        self.engine, self.prompt_len, self.kwargs = engine, len(ids), kwargs
-        self.streamer = _Streamer(
-            engine.tokenizer,
-            skip_prompt=True,
-            skip_special_tokens=engine.cfg.generating.skip_special_tokens,
-        )
-        self.criteria = stop_when_set(self.abort, cancel)
-        self.output: Any = None
-        self.error: BaseException | None = None
         self.result: Generation | None = None
-        engine.lock.acquire()
-        self.thread = threading.Thread(target=self._run, args=(ids,), daemon=True)
-        self.thread.start()
-
-    def _run(self, ids: list[int]) -> None:
-        import torch
-
-        try:
-            with torch.inference_mode():
-                self.output = self.engine.model.generate(
-                    **self.engine._inputs(ids),
-                    **self.kwargs,
-                    streamer=self.streamer,
-                    stopping_criteria=self.criteria,
-                )
-        except BaseException as err:  # surfaced to the reader by __iter__
-            self.error = err
-            self.streamer.end()
-        finally:
-            self.engine.lock.release()
+        engine.submit(ids, sampling, self.events.put, Either(self.abort, cancel))
 
     def __iter__(self) -> Iterator[str]:
-        stops = self.kwargs.get("stop_strings") or []
-        hold = max((len(s) for s in stops), default=1) - 1  # text that may still become a stop string
-        pending, stopped = "", False
-        for piece in self.streamer:
-            if stopped:
-                continue  # drain: generation ends right after the stop string
-            pending += piece
-            cut = first_stop(pending, stops)
-            if cut is not None:
-                pending, stopped = pending[:cut], True
-                self.close()
-            ready = pending if stopped else pending[: len(pending) - hold]
-            if ready:
-                yield ready
-            pending = "" if stopped else pending[len(ready) :]
-        if pending:
-            yield pending
-        self.thread.join()
-        if self.error is not None:
-            raise RuntimeError(f"generation failed: {self.error}") from self.error
-        self.result = self.engine._finish(self.prompt_len, self.output, self.kwargs)
+        while True:
+            event = self.events.get()
+            if isinstance(event, Exception):
+                raise RuntimeError(f"generation failed: {event}") from event
+            if isinstance(event, Generation):
+                self.result = event
+                return
+            if event.text:
+                yield event.text
 
     def close(self) -> None:
         self.abort.set()
 
 
-def first_stop(text: str, stops: list[str] | None) -> int | None:
-    """Index of the earliest stop string in `text` (None when there is none)."""
-    found = [i for i in (text.find(s) for s in stops or []) if i >= 0]
-    return min(found) if found else None
+class Either:
+    """Set when any of its events is set (what a sequence's `cancel` needs: `is_set`)."""
+
+    def __init__(self, *events: threading.Event | None):
+        self.events = [e for e in events if e is not None]
+
+    def is_set(self) -> bool:
+        return any(e.is_set() for e in self.events)
 
 
 class ChatSession:

@@ -1,10 +1,13 @@
-"""What an OpenAI chat request may ask of `lmstack api` (`infer/server.py`), checked before any
-model work: the request models, the conversation the template can render, `n`/`stop`/`tools`,
-`max_tokens` against its cap, and the prompt's size (characters before tokenizing, tokens after).
+"""What an OpenAI chat / completions request may ask of `lmstack api` (`infer/server.py`), checked
+before any model work: the request models, the conversation the template can render (tool calls and
+results included), `n`/`stop`/`logprobs`/`response_format`/`tools`/`tool_choice`, `max_tokens`
+against its cap, and the prompt's size (characters before tokenizing, tokens after). Fields lmstack
+cannot honour (`functions`, `audio`, `echo`, ...) are refused by name, never ignored.
 Every refusal is an `APIError` that the server turns into OpenAI's JSON error shape."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -27,17 +30,36 @@ class APIError(Exception):
         self.code, self.headers = code, headers
 
 
+MAX_N = 16  # choices per request
+MAX_TOP_LOGPROBS = 20
+UNSUPPORTED = ("functions", "function_call", "audio", "prediction", "web_search_options")
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -45,34 +67,85 @@ class Message(BaseModel):
         return self.content or ""
 
 
-class ChatRequest(BaseModel):
+class Function(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: Function
+
+
+class Sampled(BaseModel):
+    """Fields chat and completions share."""
+
     model_config = ConfigDict(extra="ignore")
     model: str
-    messages: list[Message] = Field(min_length=1)
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
     max_tokens: int | None = Field(None, gt=0)
-    max_completion_tokens: int | None = Field(None, gt=0)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)  # vLLM's extension
+    repetition_penalty: float | None = Field(None, gt=0)  # vLLM's extension
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
     n: int = Field(1, ge=1)
+    seed: int | None = None
     stop: str | list[str] | None = None
-    tools: list[Any] | None = None
-    stream_options: dict[str, Any] | None = None
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatRequest(Sampled):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, gt=0)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0)
+    response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    modalities: list[str] | None = None
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+
+
+class CompletionRequest(Sampled):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
 
 
 def to_conversation(req: ChatRequest) -> tuple[str | None, list[dict]]:
-    """OpenAI messages -> (system, lmstack messages); 400 on what the template cannot render."""
+    """OpenAI messages -> (system, lmstack messages); 400 on what the template cannot render.
+    An assistant message with tool calls becomes a `function` turn, tool results `observation`
+    turns (consecutive ones joined by newlines)."""
     messages = list(req.messages)
     system = None
     if messages[0].role in ("system", "developer"):
         system = messages.pop(0).text()
-    conv = []
-    for i, m in enumerate(messages):
+    conv: list[dict] = []
+    for i, m in enumerate(messages, start=1 if system is not None else 0):
         if m.role in ("system", "developer"):
             raise APIError(400, f"messages[{i}]: a system message is only allowed first", param="messages")
         if m.tool_calls:
-            raise APIError(400, f"messages[{i}]: tool calls are not supported", param="messages")
-        conv.append({"role": "observation" if m.role == "tool" else m.role, "content": m.text()})
+            conv.append({"role": "function", "content": _calls_text(i, m)})
+        elif m.role == "tool" and conv and conv[-1]["role"] == "observation":
+            conv[-1]["content"] += "\n" + m.text()
+        else:
+            conv.append({"role": "observation" if m.role == "tool" else m.role, "content": m.text()})
     if not conv or conv[-1]["role"] not in ("user", "observation"):
         raise APIError(
             400, "messages: the last message must come from the user (or a tool)", param="messages"
@@ -86,15 +159,45 @@ def to_conversation(req: ChatRequest) -> tuple[str | None, list[dict]]:
     return system, conv
 
 
-def check_request(req: ChatRequest, default: int, cap: int, cap_source: str) -> int:
-    if req.n != 1:
-        raise APIError(400, f"n: got {req.n}; only n=1 is supported", param="n")
-    stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+def _calls_text(i: int, m: Message) -> str:
+    if m.role != "assistant":
+        raise APIError(400, f"messages[{i}]: only assistant messages carry tool_calls", param="messages")
+    if m.text().strip():
+        raise APIError(
+            400,
+            f"messages[{i}]: an assistant message with tool_calls must have empty content (the "
+            "template writes the calls alone)",
+            param="messages",
+        )
+    calls = []
+    for j, call in enumerate(m.tool_calls or []):
+        try:
+            arguments = json.loads(call.function.arguments or "{}")
+        except ValueError:
+            raise APIError(
+                400,
+                f"messages[{i}].tool_calls[{j}].function.arguments: not valid JSON",
+                param="messages",
+            ) from None
+        calls.append({"name": call.function.name, "arguments": arguments})
+    return json.dumps(calls, ensure_ascii=False)
+
+
+def check_common(req: Sampled, default: int, cap: int, cap_source: str, wanted: int | None) -> int:
+    """Checks shared by chat and completions; returns max_tokens."""
+    if req.n > MAX_N:
+        raise APIError(400, f"n: got {req.n}; this server returns at most {MAX_N} choices", param="n")
+    stops = req.stops()
     if len(stops) > 4 or not all(0 < len(s) <= 256 for s in stops):
         raise APIError(400, "stop: give up to 4 non-empty strings of at most 256 characters", param="stop")
-    if req.tools:
-        raise APIError(400, "tools: tool calling is not supported by lmstack api yet", param="tools")
-    wanted = req.max_completion_tokens or req.max_tokens or min(default, cap)
+    for key, bias in (req.logit_bias or {}).items():
+        if not key.isdigit() or not -100 <= bias <= 100:
+            raise APIError(
+                400,
+                f"logit_bias: {key!r}: {bias}; keys are token ids, values between -100 and 100",
+                param="logit_bias",
+            )
+    wanted = wanted or min(default, cap)
     if wanted > cap:
         raise APIError(
             400,
@@ -105,30 +208,114 @@ def check_request(req: ChatRequest, default: int, cap: int, cap_source: str) -> 
     return wanted
 
 
-def _too_long(message: str) -> APIError:
-    return APIError(400, message, param="messages", code="context_length_exceeded")
+def check_request(req: ChatRequest, default: int, cap: int, cap_source: str) -> int:
+    for name in UNSUPPORTED:
+        if getattr(req, name) is not None:
+            raise APIError(400, f"{name}: not supported by lmstack api", param=name)
+    if req.modalities not in (None, ["text"]):
+        raise APIError(
+            400, f"modalities: got {req.modalities}; only ['text'] is supported", param="modalities"
+        )
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs")
+        if req.top_logprobs > MAX_TOP_LOGPROBS:
+            raise APIError(
+                400, f"top_logprobs: got {req.top_logprobs}; at most {MAX_TOP_LOGPROBS}", param="top_logprobs"
+            )
+    kind = (req.response_format or {}).get("type", "text")
+    if kind not in ("text", "json_object"):
+        raise APIError(
+            400,
+            f"response_format: type {kind!r} is not supported; use 'json_object' (any JSON object) or 'text'",
+            param="response_format",
+        )
+    return check_common(req, default, cap, cap_source, req.max_completion_tokens or req.max_tokens)
 
 
-def check_prompt_chars(system: str | None, conv: list[dict], limit: int) -> None:
+def check_completion(req: CompletionRequest, default: int, cap: int, cap_source: str) -> int:
+    if req.echo:
+        raise APIError(400, "echo: not supported by lmstack api; leave it false", param="echo")
+    if req.suffix:
+        raise APIError(400, "suffix: not supported by lmstack api (no fill-in-the-middle)", param="suffix")
+    if req.best_of not in (None, req.n):
+        raise APIError(400, f"best_of: got {req.best_of}; only best_of = n is supported", param="best_of")
+    if req.logprobs is not None and req.logprobs > MAX_TOP_LOGPROBS:
+        raise APIError(400, f"logprobs: got {req.logprobs}; at most {MAX_TOP_LOGPROBS}", param="logprobs")
+    return check_common(req, default, cap, cap_source, req.max_tokens)
+
+
+def tool_choice(req: ChatRequest, tool_format: str) -> tuple[str | None, str | None]:
+    """(tools JSON for the prompt, the name of a forced function); (None, None) without tools."""
+    from lmstack.infer.toolcalls import FORCEABLE, PARSEABLE
+
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none", "auto"):
+            raise APIError(400, "tool_choice: needs tools", param="tool_choice")
+        return None, None
+    if tool_format not in PARSEABLE:
+        raise APIError(
+            400,
+            f"tools: the template's tool format {tool_format!r} cannot be read back by lmstack api; "
+            f"formats it reads: {', '.join(PARSEABLE)} (LF's tool_format field)",
+            param="tools",
+        )
+    names = [t.function.name for t in req.tools]
+    tools = json.dumps([t.model_dump(exclude_none=True) for t in req.tools], ensure_ascii=False)
+    if choice in (None, "auto", "none"):
+        return tools, None
+    if choice == "required":
+        raise APIError(
+            400,
+            "tool_choice: 'required' is not supported; name the function "
+            '({"type": "function", "function": {"name": ...}}) or use "auto"',
+            param="tool_choice",
+        )
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if name not in names:
+        raise APIError(
+            400, f"tool_choice: names {name!r}, which is not among the tools {names}", param="tool_choice"
+        )
+    if tool_format not in FORCEABLE:
+        raise APIError(
+            400,
+            f"tool_choice: a named function cannot be forced in tool format {tool_format!r}; formats that "
+            f"can: {', '.join(FORCEABLE)}; or use tool_choice 'auto'",
+            param="tool_choice",
+        )
+    return tools, name
+
+
+def _too_long(message: str, field: str = "messages") -> APIError:
+    return APIError(400, message, param=field, code="context_length_exceeded")
+
+
+def check_prompt_chars(system: str | None, conv: list[dict], limit: int, field: str = "messages") -> None:
     """Before tokenizing: a prompt of more characters than `limit` tokens could hold is refused."""
     chars = len(system or "") + sum(len(m["content"]) for m in conv)
     if chars > limit * CHARS_PER_TOKEN:
         raise _too_long(
-            f"messages: the prompt has {chars} characters; this server allows at most {limit} tokens "
-            f"(lmstack api --max-prompt-tokens), so at most {limit * CHARS_PER_TOKEN} characters"
+            f"{field}: the prompt has {chars} characters; this server allows at most {limit} tokens "
+            f"(lmstack api --max-prompt-tokens), so at most {limit * CHARS_PER_TOKEN} characters",
+            field,
         )
 
 
-def check_prompt_tokens(prompt_len: int, max_tokens: int, limit: int, context: int | None) -> None:
+def check_prompt_tokens(
+    prompt_len: int, max_tokens: int, limit: int, context: int | None, field: str = "messages"
+) -> None:
     if prompt_len > limit:
         raise _too_long(
-            f"messages: the prompt has {prompt_len} tokens; this server allows at most {limit} "
-            "(lmstack api --max-prompt-tokens)"
+            f"{field}: the prompt has {prompt_len} tokens; this server allows at most {limit} "
+            "(lmstack api --max-prompt-tokens)",
+            field,
         )
     if context and prompt_len + max_tokens > context:
         raise _too_long(
-            f"messages: the prompt has {prompt_len} tokens; with max_tokens {max_tokens} it exceeds "
-            f"the model's {context}-token context"
+            f"{field}: the prompt has {prompt_len} tokens; with max_tokens {max_tokens} it exceeds "
+            f"the model's {context}-token context",
+            field,
         )
 
 

@@ -1,24 +1,33 @@
-"""OpenAI-compatible HTTP API: `GET /v1/models`, `POST /v1/chat/completions` (plain and SSE).
+"""OpenAI-compatible HTTP API: `GET /v1/models`, `POST /v1/chat/completions` and
+`POST /v1/completions` (plain and SSE), served by any backend with the engine interface
+(`submit(ids, sampling, sink, cancel)`, `prompt_ids`, `text_ids`, `sampling`, `cfg`, `max_length`,
+`tool_format`): the transformers backend batches concurrent requests continuously
+(`infer/batching.py`); vLLM / SGLang do their own (`infer/engines.py`).
 
 Safety: an API key (Bearer) is compared in constant time; binding a non-loopback address needs one of
 at least `MIN_KEY_CHARS` characters (`check_bind`). Every request is bounded (`Limits`, flags of
 `lmstack api`): the body by `MAX_BODY_BYTES` before it is parsed (413); the prompt by
 `--max-prompt-tokens`, counted in characters before tokenizing (`CHARS_PER_TOKEN` per allowed token)
-and in tokens after (400); `max_tokens` by `--max-tokens-limit` (400); the requests admitted behind
-the one generating by `--max-queue` (503 with `Retry-After`). Tokenization and generation run in
-worker threads, so the event loop keeps answering while big prompts are tokenized. A client that
-disconnects (waiting, tokenizing or generating, streamed or not) leaves the queue, and its
-generation stops at the next token. One generation runs at a time, in arrival order. Malformed
-requests get a 4xx JSON error (`{"error": {"message", "type", "param", "code"}}`), unexpected
-failures a JSON 500 without a traceback. Model settings such as `trust_remote_code` come only from
-the YAML, never from a request.
+and in tokens after (400); `max_tokens` by `--max-tokens-limit` (400, naming it; never capped
+silently); the requests in progress by `--max-batch` + `--max-queue` (503 with `Retry-After`).
+Tokenization runs in worker threads, so the event loop keeps answering while big prompts are
+tokenized. A client that disconnects (waiting, tokenizing or generating, streamed or not) leaves the
+queue, and its generation stops at the next token. A `model` other than the served name is a 404.
+Malformed requests get a 4xx JSON error (`{"error": {"message", "type", "param", "code"}}`),
+unexpected failures a JSON 500 without a traceback. Model settings such as `trust_remote_code`
+come only from the YAML, never from a request.
 
-Request fields the server does not use (`user`, `seed`, `presence_penalty`, ...) are accepted and
-ignored, as OpenAI clients send them freely; `n > 1` and `tools` are refused with a 400. `stop`
-strings end the reply before the first of them (also when streaming: text that could start a stop
-string is held back until it cannot).
+Request features: `n`, `seed` (choice i samples with seed + i), `stop` (the text ends before it),
+`logprobs`/`top_logprobs` (log_softmax of the model's logits), `response_format: json_object`
+(constrained decoding, `infer/json_mode.py`), `tools` with `tool_choice` auto | none | a named
+function (the calls are read back in the template's tool format, `infer/toolcalls.py`; a named
+function is forced: its call's prefix is written and the arguments are decoded as a JSON object),
+`presence_penalty`, `frequency_penalty`, `logit_bias`, and vLLM's `top_k` / `repetition_penalty`.
+With tools, a streamed reply comes in one piece when it ends (it may turn out to be a call).
+Fields it cannot honour are refused by name (`openai_request.py`); `user` and the like are accepted.
 """
 
+import asyncio
 import functools
 import hmac
 import ipaddress
@@ -28,8 +37,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,12 +48,16 @@ from lmstack.infer.admission import Gate, event_stream, until_disconnect
 from lmstack.infer.openai_request import (
     APIError,
     ChatRequest,
+    CompletionRequest,
+    check_completion,
     check_prompt_chars,
     check_prompt_tokens,
     check_request,
     to_conversation,
+    tool_choice,
     validation_message,
 )
+from lmstack.infer.sampling import Generation, Piece, Sampling, TokenLogprob
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
@@ -56,15 +69,17 @@ class Limits:
     """Bounds of one server (`lmstack api` flags). `max_tokens` None: the YAML's `max_new_tokens`
     (which is also the default of a request's max_tokens)."""
 
-    max_queue: int = 16  # requests admitted while one generates; one more gets a 503
+    max_queue: int = 16  # requests that may wait while `max_batch` generate; one more gets a 503
     max_prompt_tokens: int = 8192
     max_tokens: int | None = None
+    max_batch: int = 16  # sequences decoded together (the transformers backend's batch)
 
     def check(self) -> None:
         for flag, value, low in (
             ("--max-queue", self.max_queue, 0),
             ("--max-prompt-tokens", self.max_prompt_tokens, 1),
             ("--max-tokens-limit", self.max_tokens, 1),
+            ("--max-batch", self.max_batch, 1),
         ):
             if value is not None and value < low:
                 raise ConfigError(f"{flag}: got {value}; give an integer of at least {low}")
@@ -154,23 +169,84 @@ def _authorize(request: Any, api_key: str | None) -> None:
         )
 
 
-def _parse(body: Any, engine: Any, limits: Limits) -> tuple[ChatRequest, str | None, list[dict], dict]:
-    """A validated request -> (request, system, conversation, generation overrides)."""
+def _validate(model: type, body: Any) -> Any:
     try:
-        req = ChatRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as err:
         raise APIError(422, validation_message(err)) from None
+
+
+def _check_model(req: Any, model_name: str) -> None:
+    if req.model != model_name:
+        raise APIError(
+            404,
+            f"model: {req.model!r} does not exist; this server serves {model_name!r} (see /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _cap(engine: Any, limits: Limits) -> tuple[int, int, str]:
     default = engine.cfg.generating.max_new_tokens
     if limits.max_tokens is None:
-        cap, source = default, "max_new_tokens in its YAML; lmstack api --max-tokens-limit raises it"
-    else:
-        cap, source = limits.max_tokens, "lmstack api --max-tokens-limit"
-    max_tokens = check_request(req, default, cap, source)
-    system, conv = to_conversation(req)
-    check_prompt_chars(system, conv, limits.max_prompt_tokens)
-    stop = [req.stop] if isinstance(req.stop, str) else req.stop
-    params = {"max_new_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p, "stop": stop}
-    return req, system, conv, params
+        return default, default, "max_new_tokens in its YAML; lmstack api --max-tokens-limit raises it"
+    return default, limits.max_tokens, "lmstack api --max-tokens-limit"
+
+
+def _samplings(engine: Any, req: Any, max_tokens: int, **extra: Any) -> list[Sampling]:
+    """One `Sampling` per choice; choice i samples with seed + i."""
+    bias = tuple((int(k), float(v)) for k, v in (req.logit_bias or {}).items())
+    base = engine.sampling(
+        max_new_tokens=max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        repetition_penalty=req.repetition_penalty,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        logit_bias=bias,
+        stop=req.stops(),
+        **extra,
+    )
+    return [replace(base, seed=None if req.seed is None else req.seed + i) for i in range(req.n)]
+
+
+class Runs:
+    """Sequences of one request, submitted to the engine; their events arrive on an asyncio queue
+    as (choice index, Piece | Generation | Exception)."""
+
+    def __init__(self, engine: Any, jobs: list[tuple[list[int], Sampling]], cancel: threading.Event):
+        loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.count = len(jobs)
+
+        def sink_for(index: int) -> Callable[[Any], None]:
+            def sink(event: Any) -> None:
+                try:
+                    loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
+                except RuntimeError:  # the loop is gone (server shutting down)
+                    pass
+
+            return sink
+
+        for index, (ids, sampling) in enumerate(jobs):
+            engine.submit(ids, sampling, sink_for(index), cancel)
+
+    async def events(self) -> AsyncIterator[tuple[int, Any]]:
+        left = self.count
+        while left:
+            index, event = await self.queue.get()
+            if isinstance(event, Exception):
+                raise event
+            left -= isinstance(event, Generation)
+            yield index, event
+
+    async def results(self) -> list[Generation]:
+        done: dict[int, Generation] = {}
+        async for index, event in self.events():
+            if isinstance(event, Generation):
+                done[index] = event
+        return [done[i] for i in range(self.count)]
 
 
 def create_app(engine: Any, model_name: str, api_key: str | None = None, limits: Limits = Limits()) -> Any:
@@ -180,16 +256,47 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
     app = FastAPI(title="lmstack api", docs_url=None, redoc_url=None, openapi_url=None)
     _install_error_handlers(app)
     created = int(time.time())
-    gate = Gate(limits.max_queue)
+    gate = Gate(limits.max_batch + limits.max_queue)
     tokenizing = anyio.CapacityLimiter(1)
 
-    def tokenize(conv: list[dict], system: str | None, max_tokens: int) -> list[int]:
+    def tokenize_chat(conv: list[dict], system: str | None, tools: str | None, max_tokens: int) -> list[int]:
         try:
-            ids = engine.prompt_ids(conv, system)
+            ids = engine.prompt_ids(conv, system, tools) if tools else engine.prompt_ids(conv, system)
         except (ValueError, LmstackError) as err:
             raise APIError(400, f"messages: {err}", param="messages") from None
         check_prompt_tokens(len(ids), max_tokens, limits.max_prompt_tokens, engine.max_length)
         return ids
+
+    def tokenize_texts(prompts: list[Any], max_tokens: int) -> list[list[int]]:
+        out = []
+        for prompt in prompts:
+            ids = engine.text_ids(prompt) if isinstance(prompt, str) else list(prompt)
+            vocab = len(engine.tokenizer)
+            bad = next((i for i in ids if not 0 <= i < vocab), None)
+            if bad is not None:
+                raise APIError(
+                    400, f"prompt: token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt"
+                )
+            check_prompt_tokens(len(ids), max_tokens, limits.max_prompt_tokens, engine.max_length, "prompt")
+            out.append(ids)
+        return out
+
+    async def admitted(request: Request, work: Callable) -> Any:
+        """Runs `work(gone)` admitted; `work` returns (response, keeps_admission)."""
+        release, gone = gate.admit(), threading.Event()
+        if release is None:
+            raise _busy(gate, limits)
+        try:
+            async with until_disconnect(request.receive, gone):
+                response, streaming = await work(gone, release)
+                if streaming:
+                    release = lambda: None  # noqa: E731  (the stream releases it when it ends)
+                return response
+        finally:
+            if gone.is_set():
+                logger.info("client disconnected: request dropped")
+            release()
+        return Response(status_code=499)  # nobody reads it
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
@@ -202,112 +309,281 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         _authorize(request, api_key)
-        req, system, conv, params = _parse(await _read_json(request), engine, limits)
-        release, gone, reply_id = gate.admit(), threading.Event(), f"chatcmpl-{uuid.uuid4().hex}"
-        if release is None:
-            raise _busy(gate)
-        try:
-            async with until_disconnect(request.receive, gone):
-                work = functools.partial(tokenize, conv, system, params["max_new_tokens"])
-                ids = await anyio.to_thread.run_sync(work, limiter=tokenizing)
-                if req.stream:
-                    usage = bool((req.stream_options or {}).get("include_usage"))
-                    events = _events(engine, gate, ids, params, gone, (reply_id, model_name, usage))
-                    response, release = event_stream(events, gone, release), lambda: None
-                    return response  # which releases the admission when it ends
-                async with gate.generating():
-                    work = functools.partial(engine.generate_ids, ids, gone, **params)
-                    result = await anyio.to_thread.run_sync(work)
-                return _completion(result, reply_id, model_name)
-        finally:
-            release()
-        logger.info("client disconnected: request %s dropped", reply_id)
-        return Response(status_code=499)  # nobody reads it
+        req = _validate(ChatRequest, await _read_json(request))
+        _check_model(req, model_name)
+        max_tokens = check_request(req, *_cap(engine, limits))
+        tools, forced = tool_choice(req, engine.tool_format)
+        system, conv = to_conversation(req)
+        check_prompt_chars(system, conv, limits.max_prompt_tokens)
+        json_object = (req.response_format or {}).get("type") == "json_object" or forced is not None
+        top = (req.top_logprobs or 0) if req.logprobs else 0
+        samplings = _samplings(
+            engine, req, max_tokens, logprobs=req.logprobs, top_logprobs=top, json_object=json_object
+        )
+        reply = Reply(f"chatcmpl-{uuid.uuid4().hex}", model_name, engine.tool_format, req, forced)
+
+        async def work(gone: threading.Event, release: Callable) -> tuple[Any, bool]:
+            job = functools.partial(tokenize_chat, conv, system, tools, max_tokens)
+            ids = await anyio.to_thread.run_sync(job, limiter=tokenizing)
+            if forced is not None:
+                ids = ids + engine.text_ids(reply.forced_prefix, special=False)
+            runs = Runs(engine, [(ids, s) for s in samplings], gone)
+            if req.stream:
+                return event_stream(reply.chat_events(runs), gone, release), True
+            return reply.chat(await runs.results()), False
+
+        return await admitted(request, work)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        _authorize(request, api_key)
+        req = _validate(CompletionRequest, await _read_json(request))
+        _check_model(req, model_name)
+        max_tokens = check_completion(req, *_cap(engine, limits))
+        prompts = _prompts(req.prompt)
+        for p in prompts:
+            if isinstance(p, str):
+                check_prompt_chars(None, [{"content": p}], limits.max_prompt_tokens, "prompt")
+        top = req.logprobs or 0
+        samplings = _samplings(engine, req, max_tokens, logprobs=req.logprobs is not None, top_logprobs=top)
+        reply = Reply(f"cmpl-{uuid.uuid4().hex}", model_name, engine.tool_format, req, None)
+
+        async def work(gone: threading.Event, release: Callable) -> tuple[Any, bool]:
+            job = functools.partial(tokenize_texts, prompts, max_tokens)
+            all_ids = await anyio.to_thread.run_sync(job, limiter=tokenizing)
+            runs = Runs(engine, [(ids, s) for ids in all_ids for s in samplings], gone)
+            reply.prompt_tokens = sum(len(ids) for ids in all_ids)
+            if req.stream:
+                return event_stream(reply.completion_events(runs), gone, release), True
+            return reply.completion(await runs.results()), False
+
+        return await admitted(request, work)
 
     return app
 
 
-def _busy(gate: Gate) -> APIError:
+def _prompts(prompt: Any) -> list[Any]:
+    """A completions `prompt` as a list of prompts (strings or token id lists)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [prompt]
+    if not prompt:
+        raise APIError(400, "prompt: empty", param="prompt")
+    return list(prompt)
+
+
+def _busy(gate: Gate, limits: Limits) -> APIError:
     wait = gate.retry_after
     return APIError(
         503,
-        f"server busy: {gate.admitted} requests in progress, at most {gate.max_queue} may wait behind the "
-        f"one generating (lmstack api --max-queue); retry after {wait} s",
+        f"server busy: {gate.admitted} requests in progress; at most {limits.max_batch} generate together "
+        f"and {limits.max_queue} wait (lmstack api --max-batch, --max-queue); retry after {wait} s",
         "server_error",
         code="queue_full",
         headers={"Retry-After": str(wait)},
     )
 
 
-def _completion(result: Any, reply_id: str, model: str) -> dict:
+def _usage(prompt_tokens: int, results: list[Generation]) -> dict:
+    completion = sum(r.completion_tokens for r in results)
     return {
-        "id": reply_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": result.text},
-                "finish_reason": result.finish_reason,
-            }
-        ],
-        "usage": _usage(result),
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
     }
 
 
-def _usage(result: Any) -> dict:
+def _chat_logprobs(entries: list[TokenLogprob]) -> dict:
+    def one(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
     return {
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.completion_tokens,
-        "total_tokens": result.prompt_tokens + result.completion_tokens,
+        "content": [
+            {**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, _, lp in e.top]} for e in entries
+        ]
     }
 
 
-async def _events(
-    engine: Any, gate: Gate, ids: list[int], params: dict, gone: threading.Event, reply: tuple
-) -> AsyncIterator[str]:
-    """Server-sent events: role chunk, content chunks, finish chunk, [usage chunk], [DONE]."""
-    import anyio
+def _text_logprobs(entries: list[TokenLogprob], offset: int) -> dict:
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{t: lp for t, _, lp in e.top} for e in entries],
+        "text_offset": offsets,
+    }
 
-    reply_id, model, usage = reply
 
-    def chunk(choices: list, **extra: Any) -> str:
-        body = {
-            "id": reply_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-            "choices": choices,
-            **extra,
-        }
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+class Reply:
+    """Builds one request's responses (plain or SSE chunks) from its sequences' results."""
 
-    def delta(content: dict, finish: str | None = None) -> str:
-        return chunk([{"index": 0, "delta": content, "finish_reason": finish}])
+    def __init__(self, reply_id: str, model: str, tool_format: str, req: Any, forced: str | None):
+        self.id, self.model, self.tool_format, self.req, self.forced = (
+            reply_id,
+            model,
+            tool_format,
+            req,
+            forced,
+        )
+        self.created = int(time.time())
+        self.prompt_tokens = 0
+        self.tools = bool(getattr(req, "tools", None)) and getattr(req, "tool_choice", None) != "none"
+        self.forced_prefix = ""
+        if forced is not None:
+            from lmstack.infer.toolcalls import forced_call_text
 
-    try:
-        async with gate.generating():
-            work = functools.partial(engine.stream_ids, ids, gone, **params)
-            stream = await anyio.to_thread.run_sync(work)
+            self.forced_prefix = forced_call_text(tool_format, forced)[0]
+
+    # ---- chat -----------------------------------------------------------------------------
+    def message(self, result: Generation) -> tuple[dict, str]:
+        """(message, finish_reason), with tool calls read from the text when tools are on."""
+        from lmstack.infer.toolcalls import parse_tool_calls
+
+        content: str | None = result.text
+        calls: list = []
+        if self.forced is not None:
             try:
-                pieces = iter(stream)
-                yield delta({"role": "assistant", "content": ""})
-                while (piece := await anyio.to_thread.run_sync(next, pieces, None)) is not None:
-                    yield delta({"content": piece})
-            finally:  # the generation ends before the next one may start
-                stream.close()
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(stream.thread.join)
-        result = stream.result
-        yield delta({}, result.finish_reason)
-        if usage:
-            yield chunk([], usage=_usage(result))
-    except Exception as exc:  # the response has started: report in-band
-        logger.error("stream failed: %s", exc, exc_info=exc)
-        failed = {"error": {"message": f"generation failed ({type(exc).__name__})", "type": "server_error"}}
-        yield f"data: {json.dumps(failed)}\n\n"
-    yield "data: [DONE]\n\n"
+                calls, content = [(self.forced, json.loads(result.text))], None
+            except ValueError:  # cut by max_tokens: the arguments are incomplete
+                return {"role": "assistant", "content": result.text}, result.finish_reason
+        elif self.tools:
+            content, calls = parse_tool_calls(self.tool_format, result.text)
+            if self.req.parallel_tool_calls is False:
+                calls = calls[:1]
+            content = content or None if calls else content
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if not calls:
+            return message, result.finish_reason
+        message["tool_calls"] = [
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+            }
+            for name, args in calls
+        ]
+        return message, "tool_calls"
+
+    def chat(self, results: list[Generation]) -> dict:
+        choices = []
+        for i, result in enumerate(results):
+            message, finish = self.message(result)
+            choice = {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
+            if result.logprobs is not None:
+                choice["logprobs"] = _chat_logprobs(result.logprobs)
+            choices.append(choice)
+        prompt = results[0].prompt_tokens if results else 0
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": _usage(prompt, results),
+        }
+
+    def _chunk(self, kind: str, choices: list, **extra: Any) -> str:
+        body = {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        return f"data: {json.dumps({**body, **extra}, ensure_ascii=False)}\n\n"
+
+    async def chat_events(self, runs: Runs) -> AsyncIterator[str]:
+        """Per choice: a role chunk, content chunks, a finish chunk; then [usage], [DONE]."""
+        kind = "chat.completion.chunk"
+        usage = bool((self.req.stream_options or {}).get("include_usage"))
+        buffered = self.tools or self.forced is not None  # the reply may be a call: sent whole at its end
+
+        def delta(i: int, content: dict, finish: str | None = None, logprobs: Any = None) -> str:
+            return self._chunk(
+                kind, [{"index": i, "delta": content, "logprobs": logprobs, "finish_reason": finish}]
+            )
+
+        results: dict[int, Generation] = {}
+        try:
+            for i in range(runs.count):
+                yield delta(i, {"role": "assistant", "content": ""})
+            async for i, event in runs.events():
+                if isinstance(event, Piece):
+                    if not buffered:
+                        lp = _chat_logprobs(event.logprobs) if self.req.logprobs else None
+                        yield delta(i, {"content": event.text}, logprobs=lp)
+                    continue
+                results[i] = event
+                if buffered:
+                    message, finish = self.message(event)
+                    message.pop("role")
+                    lp = _chat_logprobs(event.logprobs) if event.logprobs is not None else None
+                    if message.get("tool_calls"):
+                        for j, call in enumerate(message["tool_calls"]):
+                            call["index"] = j
+                    yield delta(i, {k: v for k, v in message.items() if v is not None}, logprobs=lp)
+                    yield delta(i, {}, finish)
+                else:
+                    yield delta(i, {}, event.finish_reason)
+            if usage:
+                ordered = [results[i] for i in sorted(results)]
+                prompt = ordered[0].prompt_tokens if ordered else 0
+                yield self._chunk(kind, [], usage=_usage(prompt, ordered))
+        except Exception as exc:  # the response has started: report in-band
+            logger.error("stream failed: %s", exc, exc_info=exc)
+            failed = {
+                "error": {"message": f"generation failed ({type(exc).__name__})", "type": "server_error"}
+            }
+            yield f"data: {json.dumps(failed)}\n\n"
+        yield "data: [DONE]\n\n"
+
+    # ---- completions ----------------------------------------------------------------------
+    def completion(self, results: list[Generation]) -> dict:
+        choices = [
+            {
+                "index": i,
+                "text": r.text,
+                "logprobs": None if r.logprobs is None else _text_logprobs(r.logprobs, 0),
+                "finish_reason": r.finish_reason,
+            }
+            for i, r in enumerate(results)
+        ]
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": _usage(self.prompt_tokens, results),
+        }
+
+    async def completion_events(self, runs: Runs) -> AsyncIterator[str]:
+        kind = "text_completion"
+        usage = bool((self.req.stream_options or {}).get("include_usage"))
+        results, offsets = [], [0] * runs.count
+        try:
+            async for i, event in runs.events():
+                if isinstance(event, Piece):
+                    lp = _text_logprobs(event.logprobs, offsets[i]) if self.req.logprobs is not None else None
+                    offsets[i] += len(event.text)
+                    choice = {"index": i, "text": event.text, "logprobs": lp, "finish_reason": None}
+                else:
+                    results.append(event)
+                    choice = {"index": i, "text": "", "logprobs": None, "finish_reason": event.finish_reason}
+                yield self._chunk(kind, [choice])
+            if usage:
+                yield self._chunk(kind, [], usage=_usage(self.prompt_tokens, results))
+        except Exception as exc:
+            logger.error("stream failed: %s", exc, exc_info=exc)
+            failed = {
+                "error": {"message": f"generation failed ({type(exc).__name__})", "type": "server_error"}
+            }
+            yield f"data: {json.dumps(failed)}\n\n"
+        yield "data: [DONE]\n\n"
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -224,7 +224,18 @@ def sharded_asft_reference(plan: RunPlan) -> str | None:
     return None
 
 
+def infer_backend_for_training(plan: RunPlan) -> str | None:
+    backend = plan.cfg.model.infer_backend
+    if backend != "huggingface":  # as in LLaMA-Factory: training and evaluation run on transformers
+        raise ConfigError(
+            f"infer_backend: {backend} serves chat/api only; train and eval need infer_backend: huggingface "
+            "(remove it from the training YAML, or set it on the lmstack api / chat command line)"
+        )
+    return None
+
+
 RULES: list[Rule] = [
+    infer_backend_for_training,
     checkpointing_kwargs,
     sharded_generation,
     sharded_asft_reference,

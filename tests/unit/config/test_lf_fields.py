@@ -203,7 +203,7 @@ def test_every_problem_is_listed_at_once():
         build_config(
             {
                 **BASE,
-                "vllm_maxlen": 4096,
+                "kt_weight_path": "w",
                 "lerning_rate": 1e-4,
                 "finetuning_type": "lroa",
                 "cutoff_len": -1,
@@ -212,5 +212,5 @@ def test_every_problem_is_listed_at_once():
         )
     lines = str(err.value).splitlines()
     assert [line.split(":")[0] for line in lines] == [
-        "vllm_maxlen", "lerning_rate", "cutoff_len", "finetuning_type", "top_p",
+        "kt_weight_path", "lerning_rate", "cutoff_len", "finetuning_type", "top_p",
     ]  # fmt: skip

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
-from lmstack.infer.engine import Generation
+from lmstack.infer.sampling import Generation, Piece, Sampling
 from lmstack.infer.server import Limits, bind_socket, check_bind, create_app, is_loopback
 
 LONG_KEY = "k" * 16
@@ -48,6 +48,7 @@ def test_other_hosts_need_a_key_of_16_characters(host):
         (Limits(max_queue=-1), "--max-queue: got -1; give an integer of at least 0"),
         (Limits(max_prompt_tokens=0), "--max-prompt-tokens: got 0; give an integer of at least 1"),
         (Limits(max_tokens=0), "--max-tokens-limit: got 0; give an integer of at least 1"),
+        (Limits(max_batch=0), "--max-batch: got 0; give an integer of at least 1"),
     ],
 )
 def test_limits_out_of_range_are_refused(limits, message):
@@ -57,8 +58,11 @@ def test_limits_out_of_range_are_refused(limits, message):
 
 
 class FakeEngine:
-    """Prompt ids are the last message's characters; a generation makes one token per `tick` until
-    max_new_tokens, its cancel event or `shutdown`. Records which prompts started / were cancelled."""
+    """Prompt ids are the last message's characters; sequences run one at a time in arrival order
+    (like `--max-batch 1`), each making one token per `tick` until max_tokens, its cancel event or
+    `shutdown`. Records which prompts started / were cancelled. The engine interface of `submit`."""
+
+    tool_format = "qwen"
 
     def __init__(self, max_new_tokens: int = 4, tick: float = 0.01, tokenize_seconds: float = 0.0):
         self.cfg = build_config(
@@ -69,59 +73,47 @@ class FakeEngine:
         self.started: list[str] = []
         self.cancelled: list[str] = []
         self.tokenized = 0
-        self.lock = threading.Lock()
+        self.jobs: queue.Queue = queue.Queue()
         self.shutdown = threading.Event()
+        threading.Thread(target=self._work, daemon=True).start()
 
-    def prompt_ids(self, messages, system=None):
+    def prompt_ids(self, messages, system=None, tools=None):
         self.tokenized += 1
         time.sleep(self.tokenize_seconds)  # like tokenizers' encode, which releases the GIL
         return [ord(c) for c in messages[-1]["content"]]
 
-    def run(self, ids, events, max_new_tokens=None, emit=None, **unused):
-        label, n = "".join(map(chr, ids)), 0
-        with self.lock:
+    def text_ids(self, text, special=True):
+        return [ord(c) for c in text]
+
+    def sampling(self, max_new_tokens=None, **unused):
+        return Sampling(max_tokens=max_new_tokens or self.cfg.generating.max_new_tokens)
+
+    def submit(self, ids, sampling, sink, cancel):
+        self.jobs.put((ids, sampling, sink, cancel))
+
+    def _work(self):
+        while True:
+            ids, sampling, sink, cancel = self.jobs.get()
+            label, n = "".join(map(chr, ids)), 0
+            if cancel.is_set():  # left while waiting
+                sink(Generation("", len(ids), 0, "stop"))
+                continue
+            try:
+                self.run(label)
+            except Exception as err:
+                sink(err)
+                continue
             self.started.append(label)
-            while (
-                n < max_new_tokens and not any(e.is_set() for e in events if e) and not self.shutdown.is_set()
-            ):
+            while n < sampling.max_tokens and not cancel.is_set() and not self.shutdown.is_set():
                 time.sleep(self.tick)
                 n += 1
-                if emit:
-                    emit("x")
-            if any(e.is_set() for e in events if e):
+                sink(Piece("x"))
+            if cancel.is_set():
                 self.cancelled.append(label)
-        return Generation("x" * n, len(ids), n, "length" if n == max_new_tokens else "stop")
+            sink(Generation("x" * n, len(ids), n, "length" if n == sampling.max_tokens else "stop"))
 
-    def generate_ids(self, ids, cancel=None, **params):
-        return self.run(ids, [cancel], **params)
-
-    def stream_ids(self, ids, cancel=None, **params):
-        return FakeStream(self, ids, cancel, params)
-
-    def generate(self, messages, system=None, **params):  # the interface before cancellation
-        return self.generate_ids(self.prompt_ids(messages, system), None, **params)
-
-    def stream(self, messages, system=None, **params):
-        return self.stream_ids(self.prompt_ids(messages, system), None, **params)
-
-
-class FakeStream:
-    def __init__(self, engine, ids, cancel, params):
-        self.abort, self.pieces, self.result = threading.Event(), queue.Queue(), None
-
-        def run():
-            self.result = engine.run(ids, [self.abort, cancel], emit=self.pieces.put, **params)
-            self.pieces.put(None)
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def __iter__(self):
-        while (piece := self.pieces.get()) is not None:
-            yield piece
-
-    def close(self):
-        self.abort.set()
+    def run(self, label):
+        """Called as a sequence starts (BrokenEngine fails here)."""
 
 
 @contextmanager
@@ -182,7 +174,7 @@ def test_a_client_that_disconnects_stops_its_generation(stream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_queued_client_that_disconnects_never_generates(stream):
     engine = FakeEngine(max_new_tokens=100_000)
-    with serving(engine) as port:
+    with serving(engine, limits=Limits(max_batch=1)) as port:
         first = open_request(port, body("first", max_tokens=80))  # about 0.8 s
         assert wait_for(lambda: "first" in engine.started)
         queued = open_request(port, body("queued", max_tokens=5, stream=stream))
@@ -196,7 +188,7 @@ def test_a_queued_client_that_disconnects_never_generates(stream):
 
 def test_past_max_queue_a_request_gets_503_with_retry_after():
     engine = FakeEngine(max_new_tokens=100_000)
-    with serving(engine, limits=Limits(max_queue=1)) as port:
+    with serving(engine, limits=Limits(max_queue=1, max_batch=1)) as port:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         first = open_request(port, body("first"))
         assert wait_for(lambda: "first" in engine.started)
@@ -207,9 +199,13 @@ def test_past_max_queue_a_request_gets_503_with_retry_after():
         assert int(reply.headers["Retry-After"]) >= 1
         error = reply.json()["error"]
         assert (error["type"], error["code"]) == ("server_error", "queue_full")
-        assert "at most 1 may wait behind the one generating (lmstack api --max-queue)" in error["message"]
+        assert (
+            "at most 1 generate together and 1 wait (lmstack api --max-batch, --max-queue)"
+            in error["message"]
+        )
+        waiting.close()  # both leave (the waiting one first): the queue is free again
+        time.sleep(0.2)
         first.close()
-        waiting.close()  # both leave: the queue is free again
         assert wait_for(lambda: httpx.post(url, json=body("fourth", max_tokens=1)).status_code == 200, 5)
     assert engine.started == ["first", "fourth"]
 
@@ -286,11 +282,8 @@ def test_deeply_nested_json_is_a_400(raw):
 class BrokenEngine(FakeEngine):
     """An engine whose generation fails unexpectedly (a bug, an OOM)."""
 
-    def run(self, *args, **kwargs):
+    def run(self, label):
         raise RuntimeError("CUDA out of memory (secret detail)")
-
-    def stream_ids(self, *args, **kwargs):
-        self.run()
 
 
 def test_unexpected_failures_are_a_json_500_without_traceback():
@@ -316,7 +309,9 @@ def test_a_failing_stream_reports_in_band_and_still_ends_with_done():
     r = client.post("/v1/chat/completions", json=payload, headers={"Authorization": f"Bearer {LONG_KEY}"})
     events = [e for e in r.text.split("\n\n") if e]
     assert r.status_code == 200
-    assert events == [
+    assert json.loads(events[0][6:])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[1:] == [
         'data: {"error": {"message": "generation failed (RuntimeError)", "type": "server_error"}}',
         "data: [DONE]",
     ]
+    assert "secret" not in r.text
