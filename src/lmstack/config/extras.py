@@ -23,6 +23,9 @@ EXTRAS: dict[str, Extra] = {
     "mlflow": Extra(("mlflow",), "report_to: mlflow (mlflow-skinny; a local file store works offline)"),
     "swanlab": Extra(("swanlab",), "report_to: swanlab and use_swanlab (swanlab_mode: local works offline)"),
     "trackio": Extra(("trackio",), "report_to: trackio (logs to a local database)"),
+    "vllm": Extra(("vllm",), "infer_backend: vllm for `lmstack chat` / `lmstack api`"),
+    "sglang": Extra(("sglang",), "infer_backend: sglang for `lmstack chat` / `lmstack api`"),
+    "unsloth": Extra(("unsloth",), "use_unsloth: true (Unsloth's kernels on one CUDA GPU)"),
     "optim": Extra(
         ("galore_torch", "apollo_torch", "badam", "adam_mini"),
         "use_galore, use_apollo, use_badam, use_adam_mini",

@@ -25,6 +25,7 @@ import uuid
 from typing import Any
 
 from lmstack.config.errors import ConfigError
+from lmstack.config.extras import install_line
 from lmstack.config.schema import Config
 from lmstack.infer.engine import TemplateEngine, adapter_dirs, check_inference, load_tokenizer_and_template
 from lmstack.infer.sampling import Generation, Piece, Sampling, Sink, TokenLogprob
@@ -47,7 +48,7 @@ def check_backend(cfg: Config) -> None:
     package = PACKAGES[backend]
     if importlib.util.find_spec(package) is None:
         raise ConfigError(
-            f"infer_backend: {backend} needs the {package} package: pip install {package} (or set "
+            f"infer_backend: {backend} needs the {package} package: {install_line(backend)} (or set "
             "infer_backend: huggingface)"
         )
 

@@ -64,7 +64,7 @@ def unsloth_installed(plan: RunPlan) -> str | None:
         )
     if not plan.ctx.has("unsloth"):
         raise ConfigError(
-            "use_unsloth: true needs the unsloth package, which is not installed: pip install unsloth "
+            "use_unsloth: true needs the unsloth package, which is not installed: pip install 'lmstack[unsloth]' "
             "(it pins its own trl/datasets/transformers versions), or remove use_unsloth"
         )
     return None

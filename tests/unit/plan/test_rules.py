@@ -37,7 +37,7 @@ def test_unsloth_needs_this_machine_to_have_a_gpu_and_the_package(base_cfg):
     found = problems(base_cfg, GPU, launch=True, use_unsloth=True)
     assert (
         len(found) == 1
-        and "needs the unsloth package, which is not installed: pip install unsloth" in found[0]
+        and "needs the unsloth package, which is not installed: pip install 'lmstack[unsloth]'" in found[0]
     )
     assert problems(base_cfg, GPU_UNSLOTH, launch=True, use_unsloth=True) == []
 
