@@ -4,6 +4,8 @@ engine's parameters (plain data: the engines themselves are not installable on a
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lmstack.config.errors import ConfigError
@@ -24,7 +26,9 @@ BASE = {"model_name_or_path": "/models/Qwen2.5-0.5B", "output_dir": "o"}
 @pytest.mark.parametrize("backend", ["vllm", "sglang"])
 def test_a_missing_engine_package_is_refused_by_name_before_the_model_loads(backend, tmp_path):
     cfg = build_config({**BASE, "model_name_or_path": str(tmp_path / "missing"), "infer_backend": backend})
-    message = f"infer_backend: {backend} needs the {backend} package: pip install 'lmstack[{backend}]'"
+    message = re.escape(
+        f"infer_backend: {backend} needs the {backend} package: pip install 'lmstack[{backend}]'"
+    )
     with pytest.raises(ConfigError, match=message):
         check_backend(cfg)
     with pytest.raises(ConfigError, match=message):  # not "model_name_or_path: directory not found"
