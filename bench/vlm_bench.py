@@ -5,6 +5,7 @@ records in LF's mllm_demo layout, through lmstack's real `train` path. One RESUL
 
     python3 bench/vlm_bench.py assets ROOT            # ROOT/model (bf16 safetensors), ROOT/data
     python3 bench/vlm_bench.py run ROOT NAME [k=v ...] # one lmstack run (NAME: lora | full)
+    python3 bench/vlm_bench.py yaml ROOT NAME [k=v ...] # that run's YAML on stdout
 Random weights do not change throughput or memory. Call: bench/vlm_call.sh on the H200.
 """
 
@@ -94,9 +95,7 @@ def build_assets(root: Path) -> None:
     print(f"assets in {root}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters", flush=True)
 
 
-def run(root: Path, name: str, overrides: list[str]) -> None:
-    from lmstack_bench import lmstack_one
-
+def config(root: Path, name: str, overrides: list[str]) -> dict:
     cfg = dict(COMMON, **RUNS[name])
     cfg.update(
         model_name_or_path=str(root / "model"),
@@ -108,12 +107,22 @@ def run(root: Path, name: str, overrides: list[str]) -> None:
         cfg[key] = json.loads(value) if value[:1] in "0123456789-[{tf" and value not in ("true", "false") else (
             value == "true" if value in ("true", "false") else value
         )  # fmt: skip
-    lmstack_one(f"qwen2.5-vl-3b_{name}", cfg)
+    return cfg
+
+
+def run(root: Path, name: str, overrides: list[str]) -> None:
+    from lmstack_bench import lmstack_one
+
+    lmstack_one(f"qwen2.5-vl-3b_{name}", config(root, name, overrides))
 
 
 if __name__ == "__main__":
     verb, root = sys.argv[1], Path(sys.argv[2])
     if verb == "assets":
         build_assets(root)
+    elif verb == "yaml":  # the run's YAML, for `lmstack plan` (the planner's prediction of the same run)
+        import yaml
+
+        print(yaml.safe_dump(config(root, sys.argv[3], sys.argv[4:])))
     else:
         run(root, sys.argv[3], sys.argv[4:])
