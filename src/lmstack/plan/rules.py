@@ -201,16 +201,16 @@ def fp8_all_gather(plan: RunPlan) -> str | None:
         raise ConfigError(
             f"{field}: only with fp8: true (FSDP2 gathers the weights of FP8 training); set fp8: true or remove it"
         )
+    if plan.cfg.finetuning.finetuning_type != "full":
+        raise ConfigError(
+            f"{field}: gathers the float8 weights of full fine-tuning; with finetuning_type: "
+            f"{plan.cfg.finetuning.finetuning_type} remove it"
+        )
     if plan.fsdp is None or plan.fsdp.version != 2:
         got = "no FSDP" if plan.fsdp is None else f"FSDP{plan.fsdp.version}"
         raise ConfigError(
             f"{field}: needs FSDP2 (fsdp: 'full_shard auto_wrap' with fsdp_config: {{version: 2}}), this run has "
             f"{got}; switch to FSDP2 or remove it"
-        )
-    if plan.cfg.finetuning.finetuning_type != "full":
-        raise ConfigError(
-            f"{field}: gathers the float8 weights of full fine-tuning; with finetuning_type: "
-            f"{plan.cfg.finetuning.finetuning_type} remove it"
         )
     return None
 
