@@ -310,12 +310,7 @@ def lora_kernel(cfg: Config, zero_stage: int | None) -> Reasoned:
     return "fused", "lora_kernel: auto, fused LoRA Linear (scaling and add in the GEMM epilogue)"
 
 
-FP8_KEPT_BF16 = (
-    "the output head",
-    "embeddings",
-    "vision tower / projector",
-    "Linear layers whose in/out features are not multiples of 16",
-)
+FP8_KEPT_BF16 = ("the output head", "embeddings", "vision tower / projector", "dims not multiples of 16")
 
 
 @dataclass(frozen=True)
@@ -342,11 +337,8 @@ def fp8(cfg: Config) -> Fp8Plan:
     if not t.fp8:
         return Fp8Plan(False, reason="fp8: false")
     if kind == "lora":
-        asked = f"fp8_backend: {t.fp8_backend}" + (
-            " (torchao's rowwise recipe; torchao has no FP8 layer for a frozen weight, lmstack's runs it)"
-            if t.fp8_backend == "torchao"
-            else ""
-        )
+        torchao = " (torchao's rowwise recipe; torchao has no FP8 layer for a frozen weight: lmstack's)"
+        asked = f"fp8_backend: {t.fp8_backend}" + (torchao if t.fp8_backend == "torchao" else "")
         return Fp8Plan(
             True,
             "frozen-base",
@@ -384,13 +376,15 @@ class CompilePlan:
     reason: str = ""
 
 
-def compile_plan(cfg: Config, packed: bool, use_liger: bool) -> CompilePlan:
+def compile_plan(cfg: Config, packed: bool, use_liger: bool, attn: str) -> CompilePlan:
     t = cfg.training
     if not t.torch_compile:
         return CompilePlan(False, reason="torch_compile: false")
     backend = t.torch_compile_backend or "inductor"
     dynamic = False if packed else None
-    fullgraph = not use_liger  # Liger's Triton autograd functions may break the graph
+    # one graph per layer is checked (tests/unit/models/test_compile.py) with SDPA, fused LoRA, FP8 and
+    # checkpointing; Liger's Triton functions and flex_attention's own compiled kernel may break it
+    fullgraph = not use_liger and attn in ("sdpa", "eager")
     shapes = (
         "packed rows of one size: dynamic=False"
         if packed

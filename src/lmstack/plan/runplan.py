@@ -260,7 +260,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero)
     ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
     fp8 = decide.fp8(cfg)
-    compiled = decide.compile_plan(cfg, packed, use_liger)
+    compiled = decide.compile_plan(cfg, packed, use_liger, attn)
     reasons["fp8"], reasons["compile"] = fp8.reason, compiled.reason
     micro = t.per_device_train_batch_size
     capacity = decide.row_capacity(cfg, micro) if packed else None
