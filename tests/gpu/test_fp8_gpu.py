@@ -101,33 +101,45 @@ def losses(out_dir) -> list[float]:
     return [r["loss"] for r in rows if "loss" in r]
 
 
-def tiny_run(base_cfg, out, **over) -> list[float]:
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    """Two decoder layers wide enough that FP8 pays on q/o/gate/up/down (k/v stay bf16: too small)."""
+    from lmstack.tiny import build_tiny_model
+
+    dims = dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=24, num_key_value_heads=8)
+    return build_tiny_model(tmp_path_factory.mktemp("wide") / "m", initializer_range=0.02, **dims)
+
+
+def tiny_run(base_cfg, model, out, **over) -> list[float]:
     from lmstack.train.run import train
 
-    cfg = {**base_cfg, "bf16": True, "max_steps": 20, "learning_rate": 2e-3, "packing": True}
+    cfg = {**base_cfg, "model_name_or_path": str(model), "bf16": True, "max_steps": 20, "learning_rate": 1e-3,
+           "packing": True}  # fmt: skip
     train(None, {**cfg, **over, "output_dir": str(out)})
     return losses(out)
 
 
 @needs_fp8
 @pytest.mark.parametrize("kind", ["lora", "full"])
-def test_tiny_training_with_fp8_falls_like_bf16(base_cfg, tmp_path, kind):
+def test_tiny_training_with_fp8_falls_like_bf16(base_cfg, wide_model, tmp_path, kind):
     if kind == "full":
         pytest.importorskip("torchao")
-    ref = tiny_run(base_cfg, tmp_path / "bf16", finetuning_type=kind)
-    fp8 = tiny_run(base_cfg, tmp_path / "fp8", finetuning_type=kind, fp8=True)
+    ref = tiny_run(base_cfg, wide_model, tmp_path / "bf16", finetuning_type=kind)
+    fp8 = tiny_run(base_cfg, wide_model, tmp_path / "fp8", finetuning_type=kind, fp8=True)
     plan = json.loads((tmp_path / "fp8" / "run_manifest.json").read_text())["plan"]
     assert plan["decisions"]["fp8"] == (
         "frozen-base (rowwise)" if kind == "lora" else "float8-training (rowwise)"
     )
+    assert any("k_proj, v_proj stay bf16" in n for n in plan["notes"])
     assert len(fp8) == len(ref) == 20 and all(torch.isfinite(torch.tensor(fp8)))
-    assert fp8[-1] < fp8[0] - 0.5  # it learns
-    assert abs(fp8[-1] - ref[-1]) <= 0.05 * ref[-1]
+    assert fp8[-1] < fp8[0] and ref[-1] < ref[0]  # both learn
+    assert abs(fp8[-1] - ref[-1]) <= 0.03 * ref[-1]
+    assert fp8 != ref  # FP8 really ran: its rounding shows in the losses
 
 
 @needs_fp8
-def test_regional_compile_with_fp8_trains_like_eager_fp8(base_cfg, tmp_path):
-    eager = tiny_run(base_cfg, tmp_path / "eager", fp8=True)
-    compiled = tiny_run(base_cfg, tmp_path / "compiled", fp8=True, torch_compile=True)
+def test_regional_compile_with_fp8_trains_like_eager_fp8(base_cfg, wide_model, tmp_path):
+    eager = tiny_run(base_cfg, wide_model, tmp_path / "eager", fp8=True)
+    compiled = tiny_run(base_cfg, wide_model, tmp_path / "compiled", fp8=True, torch_compile=True)
     assert len(compiled) == 20
     assert abs(compiled[-1] - eager[-1]) <= 0.02 * eager[-1]

@@ -365,6 +365,13 @@ def fp8(cfg: Config) -> Fp8Plan:
     )
 
 
+def fp8_small_layers(cfg: Config) -> str | None:
+    """A note when FP8 leaves this model's projections in bf16 because they are too small to pay."""
+    from lmstack.models.fp8 import small_layers_note
+
+    return small_layers_note(_config_json(cfg) or {})
+
+
 @dataclass(frozen=True)
 class CompilePlan:
     """plan.compile: regional torch.compile (models/compile.py): each decoder layer on its own."""
@@ -380,10 +387,8 @@ def compile_plan(cfg: Config, packed: bool, use_liger: bool, attn: str) -> Compi
     t = cfg.training
     if not t.torch_compile:
         return CompilePlan(False, reason="torch_compile: false")
-    backend = t.torch_compile_backend or "inductor"
-    dynamic = False if packed else None
-    # one graph per layer is checked (tests/unit/models/test_compile.py) with SDPA, fused LoRA, FP8 and
-    # checkpointing; Liger's Triton functions and flex_attention's own compiled kernel may break it
+    backend, dynamic = t.torch_compile_backend or "inductor", False if packed else None
+    # one graph per layer: checked with SDPA, fused LoRA, FP8, checkpointing (not Liger, flex_attention)
     fullgraph = not use_liger and attn in ("sdpa", "eager")
     shapes = (
         "packed rows of one size: dynamic=False"

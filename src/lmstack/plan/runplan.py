@@ -260,6 +260,8 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero)
     ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
     fp8 = decide.fp8(cfg)
+    if fp8.enabled and (small := decide.fp8_small_layers(cfg)):
+        notes.append(small)
     compiled = decide.compile_plan(cfg, packed, use_liger, attn)
     reasons["fp8"], reasons["compile"] = fp8.reason, compiled.reason
     micro = t.per_device_train_batch_size

@@ -117,7 +117,7 @@ def test_fp8_fused_lora_layers_compile_in_one_graph_and_match_eager(tiny_model):
     for p in peft.parameters():
         p.data = p.data.to(torch.bfloat16)
     apply_fused_lora(peft)
-    apply_fp8(peft, "frozen-base")
+    apply_fp8(peft, "frozen-base", pays_only=False)
     compiled = copy.deepcopy(peft)
     torch._dynamo.reset()
     compile_regions(compiled, "aot_eager", False, True)

@@ -113,7 +113,7 @@ class Odd(nn.Module):
 
 def test_layer_choice_keeps_head_vision_and_odd_dims_in_bf16():
     model = Odd().requires_grad_(False)
-    chosen, kept = fp8_layers(model, "frozen-base")
+    chosen, kept = fp8_layers(model, "frozen-base", pays_only=False)
     assert set(chosen) == {"up"}
     assert kept == {
         "odd": "in/out features not multiples of 16",
@@ -121,8 +121,24 @@ def test_layer_choice_keeps_head_vision_and_odd_dims_in_bf16():
         "lm_head": "the output head",
     }
     trainable = Odd()
-    assert set(fp8_layers(trainable, "frozen-base")[0]) == set()  # nothing frozen to convert
-    assert set(fp8_layers(trainable, "float8-training")[0]) == {"up"}
+    assert set(fp8_layers(trainable, "frozen-base", pays_only=False)[0]) == set()  # nothing frozen to convert
+    assert set(fp8_layers(trainable, "float8-training", pays_only=False)[0]) == {"up"}
+
+
+def test_layers_too_small_for_fp8_to_pay_stay_bf16_by_default(tiny_model):
+    with torch.device("meta"):
+        model = nn.ModuleDict(
+            {
+                "mlp_up": nn.Linear(3584, 18944),  # 7B gate/up: FP8 pays (measured on the H200)
+                "attn_o": nn.Linear(3584, 3584),  # 7B q/o: even; kept FP8
+                "attn_k": nn.Linear(3584, 512),  # 7B k/v: FP8 2.5x slower
+                "small_up": nn.Linear(896, 4864),  # 0.5B gate/up: FP8 1.8x slower in backward
+            }
+        ).requires_grad_(False)
+    chosen, kept = fp8_layers(model, "frozen-base")
+    assert set(chosen) == {"mlp_up", "attn_o"}
+    assert kept == {"attn_k": "too small for FP8 to pay", "small_up": "too small for FP8 to pay"}
+    assert fp8_layers(lora_model(tiny_model), "frozen-base")[0] == {}  # the tiny model: all too small
 
 
 def lora_model(tiny_model, target="all", seed=0):
@@ -143,7 +159,7 @@ def lora_model(tiny_model, target="all", seed=0):
 
 def test_on_the_tiny_model_every_frozen_base_projection_and_nothing_else_is_fp8(tiny_model):
     peft = lora_model(tiny_model)
-    chosen, kept = fp8_layers(peft, "frozen-base")
+    chosen, kept = fp8_layers(peft, "frozen-base", pays_only=False)
     leaves = {n.split(".")[-2] + "." + n.split(".")[-1] for n in chosen}
     assert leaves == {
         f"{p}.base_layer"
@@ -152,7 +168,7 @@ def test_on_the_tiny_model_every_frozen_base_projection_and_nothing_else_is_fp8(
     assert len(chosen) == 7 * 2  # two layers
     assert [n for n, why in kept.items() if why == "the output head"] == ["base_model.model.lm_head"]
     # with adapters on q_proj only, the untargeted frozen projections are FP8 too
-    chosen_q = fp8_layers(lora_model(tiny_model, "q_proj"), "frozen-base")[0]
+    chosen_q = fp8_layers(lora_model(tiny_model, "q_proj"), "frozen-base", pays_only=False)[0]
     assert len(chosen_q) == 14 and any(n.endswith("mlp.down_proj") for n in chosen_q)
 
 
@@ -183,7 +199,10 @@ def test_fused_lora_over_an_fp8_base_equals_peft_over_the_same_base():
         p.data = p.data.to(BF16)
     fused = copy.deepcopy(peft)
     assert apply_fused_lora(fused) == (1, {})
-    assert apply_fp8(peft, "frozen-base") == 1 and apply_fp8(fused, "frozen-base") == 1
+    assert (
+        apply_fp8(peft, "frozen-base", pays_only=False) == 1
+        and apply_fp8(fused, "frozen-base", pays_only=False) == 1
+    )
     x = torch.randn(3, 7, 64, dtype=BF16)
     dy = torch.randn(3, 7, 48, dtype=BF16)
     got = {}
@@ -203,9 +222,9 @@ def test_fp8_frozen_base_on_the_tiny_model_trains_the_adapters_close_to_bf16(tin
     ids = torch.randint(3, 1000, (2, 24))
     bf16_loss, bf16_grads = forward_backward(peft, ids)
     fp8_peft, fused = copy.deepcopy(peft), copy.deepcopy(peft)
-    assert apply_fp8(fp8_peft, "frozen-base") == 14
+    assert apply_fp8(fp8_peft, "frozen-base", pays_only=False) == 14
     assert apply_fused_lora(fused)[0] == 14  # the stages' order: adapters, fused forward, then FP8
-    assert apply_fp8(fused, "frozen-base") == 14
+    assert apply_fp8(fused, "frozen-base", pays_only=False) == 14
     for model in (fp8_peft, fused):
         loss, grads = forward_backward(model, ids)
         assert set(grads) == set(bf16_grads) and all("lora_" in n for n in grads)
@@ -228,7 +247,7 @@ def test_float8_training_converts_the_chosen_layers_with_torchao(tiny_model):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=BF16)
-    assert apply_fp8(model, "float8-training", "rowwise") == 14
+    assert apply_fp8(model, "float8-training", "rowwise", pays_only=False) == 14
     kinds = {n: type(m) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     assert {n for n, k in kinds.items() if k is Float8Linear} == {
         n for n in kinds if n.split(".")[-1] != "lm_head"

@@ -78,6 +78,34 @@ def test_lora_plan_is_the_fp8_frozen_base(base_cfg):
     )
 
 
+def test_the_plan_notes_projections_too_small_for_fp8(base_cfg, tmp_path):
+    from lmstack.models.fp8 import small_layers_note
+
+    notes = plan_of(base_cfg).notes  # the tiny model: nothing is large enough
+    assert any(
+        n.startswith("fp8: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj stay bf16")
+        for n in notes
+    )
+    assert any("no projection is FP8, the run computes in bf16" in n for n in notes)
+    qwen7b = {
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+    }
+    assert small_layers_note(qwen7b) == (
+        "fp8: k_proj, v_proj stay bf16: too small for FP8 to pay (hidden_size 3584, intermediate_size 18944; "
+        "models/fp8.py too_small)"
+    )
+    qwen05b = {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+    }
+    assert small_layers_note(qwen05b).endswith("no projection is FP8, the run computes in bf16")
+
+
 def test_full_plan_is_torchao_float8_training(base_cfg):
     plan = plan_of(base_cfg, finetuning_type="full")
     assert (plan.fp8.scope, plan.fp8.recipe, plan.fp8.backend) == ("float8-training", "rowwise", "torchao")
