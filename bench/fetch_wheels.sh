@@ -1,6 +1,6 @@
 #!/bin/bash
 # Wheels the H200 image lacks, for Python 3.12 / manylinux x86_64, into git-ignored .whl/ folders:
-#   .whl/lm   lmstack's runtime extras (pydantic stack, trl, datasets, liger-kernel, deepspeed built as a
+#   .whl/lm   lmstack's runtime extras (pydantic stack, trl, datasets, liger-kernel, torchao, deepspeed built as a
 #             pure-Python wheel with DS_BUILD_OPS=0, hjson)        ~8 MB
 #   .whl/bnb  bitsandbytes, slimmed to its CUDA 13 + CPU libraries (~7 MB)
 #   .whl/lf, .whl/liger  LLaMA-Factory 0.9.5 and its pins (bench/lf/fetch_lf_wheels.sh)
@@ -16,7 +16,7 @@ P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --pla
 mkdir -p .whl/lm .whl/bnb
 python3 -m pip download -q $P -d .whl/lm trl==1.16.0 datasets==5.2.0 dill==0.3.8 multiprocess==0.70.16 \
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection "typing_extensions>=4.16" hjson \
-  liger-kernel==0.8.5
+  liger-kernel==0.8.5 torchao==0.18.0
 python3 -m pip download -q $P -d .whl/bnb bitsandbytes==0.50.2
 # keep only the CUDA 13 (the H200 image's torch is cu130) and CPU libraries: 41 MiB -> 7 MiB, so every
 # wheel set fits one call's 64 MiB carry

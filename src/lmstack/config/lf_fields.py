@@ -138,10 +138,6 @@ LF_FIELDS: dict[str, LFField] = {
     "profiler_profile_memory": R(PROF, True),
     "profiler_with_stack": R(PROF, True),
     "profile_modules": D("per-module CUDA-event timing", None),
-    # ---- §5 Fp8Arguments ----
-    "fp8": D("FP8 mixed precision", False),
-    "fp8_backend": R("FP8 mixed precision", "auto"),
-    "fp8_enable_fsdp_float8_all_gather": D("FP8 all-gather for FSDP2", False),
     # ---- §5 EvaluationArguments (`seed` is shared with training) ----
     "task": R(EVAL),
     "task_dir": R(EVAL, "evaluation"),
@@ -212,7 +208,6 @@ LF_FIELDS: dict[str, LFField] = {
         "the Trainer's activation checkpointing", None, hint="gradient_checkpointing"
     ),
     "activation_checkpointing_kwargs": D("the Trainer's activation checkpointing", None),
-    "torch_compile_backend": D("a torch.compile backend", None),
     "torch_compile_mode": D("a torch.compile mode", None),
     "use_liger_kernel": D("transformers' Liger switch", False, hint="enable_liger_kernel: true"),
     "liger_kernel_config": D("Liger kernel options", None),

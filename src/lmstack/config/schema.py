@@ -567,7 +567,27 @@ class TrainingArgs(Section):
     max_tokens_per_batch: int | None = Field(
         None, gt=0, description="Token budget per micro-batch (packing)."
     )
-    torch_compile: bool = Field(False, description="Compile the model with torch.compile.")
+    torch_compile: bool = Field(
+        False,
+        description="Compile each decoder layer with torch.compile (regional compile; the run plan says how).",
+    )
+    torch_compile_backend: str | None = Field(
+        None, description="torch.compile backend for torch_compile (None = inductor; e.g. aot_eager)."
+    )
+    fp8: bool = Field(
+        False,
+        description="FP8 GEMMs on NVIDIA sm89+ GPUs: LoRA keeps its frozen base in FP8 (row-wise scales, "
+        "forward and input-grad GEMMs in FP8, adapters bf16); full fine-tuning uses torchao's float8 "
+        "training (rowwise recipe). Needs bf16: true.",
+    )
+    fp8_backend: Literal["auto", "torchao"] = Field(
+        "auto", description="FP8 implementation: auto | torchao (te and msamp are LF's, not lmstack's)."
+    )
+    fp8_enable_fsdp_float8_all_gather: bool = Field(
+        False,
+        description="FSDP2 all-gathers float8 weights (full fine-tuning with fp8 and fsdp_config {version: 2}; "
+        "torchao's tensorwise recipe).",
+    )
     disable_tqdm: bool = Field(False, description="No progress bar.")
     use_cpu: bool = Field(False, description="Train on the CPU even if a GPU is visible.")
     on_nonfinite: Literal["abort", "skip"] = Field(
@@ -587,6 +607,17 @@ class TrainingArgs(Section):
             return None
         if isinstance(value, list | tuple):
             return " ".join(str(v) for v in value)
+        return value
+
+    @field_validator("fp8_backend", mode="before")
+    @classmethod
+    def _fp8_backend(cls, value: object) -> object:
+        names = {"te": "Transformer Engine", "msamp": "MS-AMP"}
+        if value in names:
+            raise ValueError(
+                f"{value} ({names[value]}, LLaMA-Factory's FP8 backend through Accelerate) is not available in "
+                "lmstack; use fp8_backend: auto or torchao"
+            )
         return value
 
     @field_validator("optim")

@@ -24,6 +24,7 @@ OPTIONAL_PACKAGES = (
     "deepspeed",
     "bitsandbytes",
     "unsloth",
+    "torchao",
 )
 FSDP_STRATEGY_IDS = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD"}
 
@@ -65,19 +66,22 @@ class LaunchContext:
     gpu_count: int = 0
     gpu_memory_gib: float | None = None  # device 0's total memory
     bf16_supported: bool = False
+    cuda_capability: tuple[int, int] | None = None  # device 0's (major, minor), e.g. (9, 0) on Hopper
+    gpu_name: str | None = None
     hostname: str = ""
     packages: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, probe_cuda: bool = True) -> LaunchContext:
         env = os.environ if env is None else env
-        cuda, count, memory, bf16 = False, 0, None, False
+        cuda, count, memory, bf16, capability, name = False, 0, None, False, None, None
         if probe_cuda:
             import torch
 
             if torch.cuda.is_available():
                 cuda, count = True, torch.cuda.device_count()
-                memory = torch.cuda.get_device_properties(0).total_memory / 2**30
+                props = torch.cuda.get_device_properties(0)
+                memory, capability, name = props.total_memory / 2**30, (props.major, props.minor), props.name
                 bf16 = bool(torch.cuda.is_bf16_supported())
         return cls(
             rank=_int(env, "RANK", 0),
@@ -93,6 +97,8 @@ class LaunchContext:
             gpu_count=count,
             gpu_memory_gib=memory,
             bf16_supported=bf16,
+            cuda_capability=capability,
+            gpu_name=name,
             hostname=socket.gethostname(),
             packages=frozenset(p for p in OPTIONAL_PACKAGES if importlib.util.find_spec(p) is not None),
         )

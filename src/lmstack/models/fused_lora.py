@@ -28,19 +28,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmstack.models.fp8 import fp8_dgrad, fp8_linear
+
 
 class FusedLoraFunction(torch.autograd.Function):
-    """(x, x_lora, W, b, A, B, s) -> x @ W^T + b + s * (x_lora @ A^T) @ B^T.
+    """(x, x_lora, W, b, A, B, s, W_scale) -> x @ W^T + b + s * (x_lora @ A^T) @ B^T.
 
     `x_lora` is the A-branch input when it differs from x (dropout); None means x itself, and then the
-    input gradient of both branches is one tensor (no extra add)."""
+    input gradient of both branches is one tensor (no extra add). With `weight_scale` the frozen base is
+    FP8 (models/fp8.py: W = weight * weight_scale): its forward and input-grad GEMMs run in FP8."""
 
     @staticmethod
-    def forward(ctx, x, x_lora, weight, bias, lora_a, lora_b, scaling):
+    def forward(ctx, x, x_lora, weight, bias, lora_a, lora_b, scaling, weight_scale=None):
         x2 = x.reshape(-1, x.shape[-1])
         xl = x2 if x_lora is None else x_lora.reshape(-1, x.shape[-1])
         xa = xl @ lora_a.t()  # [tokens, r]
-        out = F.linear(x2, weight, bias)
+        out = (
+            F.linear(x2, weight, bias) if weight_scale is None else fp8_linear(x2, weight, weight_scale, bias)
+        )
         out.addmm_(xa, lora_b.t(), alpha=scaling)  # base + s * xa @ B^T in the GEMM epilogue
         need_w = ctx.needs_input_grad[2]
         ctx.save_for_backward(
@@ -50,6 +55,7 @@ class FusedLoraFunction(torch.autograd.Function):
             weight,
             lora_a,
             lora_b,
+            weight_scale,
         )
         ctx.scaling, ctx.shared_input, ctx.x_shape = scaling, x_lora is None, x.shape
         ctx.has_bias = bias is not None
@@ -57,14 +63,14 @@ class FusedLoraFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        x2, xl, xa, weight, lora_a, lora_b = ctx.saved_tensors
-        need_x, need_xl, need_w, need_b, need_a, need_bb, _ = ctx.needs_input_grad
+        x2, xl, xa, weight, lora_a, lora_b, weight_scale = ctx.saved_tensors
+        need_x, need_xl, need_w, need_b, need_a, need_bb = ctx.needs_input_grad[:6]
         s, shape = ctx.scaling, ctx.x_shape
         dy = grad_out.reshape(-1, grad_out.shape[-1])
         grad_x = grad_xl = grad_w = grad_bias = grad_a = grad_b = None
         dyb = dy @ lora_b if (need_x or need_xl or need_a) else None  # [tokens, r]
         if need_x:
-            grad_x = dy @ weight
+            grad_x = dy @ weight if weight_scale is None else fp8_dgrad(dy, weight, weight_scale)
             if ctx.shared_input:
                 grad_x.addmm_(dyb, lora_a, alpha=s)
             grad_x = grad_x.reshape(shape)
@@ -78,7 +84,7 @@ class FusedLoraFunction(torch.autograd.Function):
             grad_a = torch.addmm(lora_a, dyb.t(), xl, beta=0, alpha=s)
         if need_bb:
             grad_b = torch.addmm(lora_b, dy.t(), xa, beta=0, alpha=s)
-        return grad_x, grad_xl, grad_w, grad_bias, grad_a, grad_b, None
+        return grad_x, grad_xl, grad_w, grad_bias, grad_a, grad_b, None, None
 
 
 def fused_lora_linear(
@@ -89,17 +95,22 @@ def fused_lora_linear(
     lora_b: torch.Tensor,
     scaling: float,
     x_lora: torch.Tensor | None = None,
+    weight_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x @ W^T + b + scaling * (x_lora or x) @ A^T @ B^T; under autocast, in the autocast dtype (as F.linear)."""
+    """x @ W^T + b + scaling * (x_lora or x) @ A^T @ B^T; under autocast, in the autocast dtype (as F.linear).
+    `weight_scale`: the base weight is FP8 (models/fp8.py), W = weight * weight_scale."""
     device = x.device.type
     if torch.is_autocast_enabled(device):
         dtype = torch.get_autocast_dtype(device)
-        x, weight, lora_a, lora_b = (t.to(dtype) for t in (x, weight, lora_a, lora_b))
+        x, lora_a, lora_b = (t.to(dtype) for t in (x, lora_a, lora_b))
+        weight = weight if weight_scale is not None else weight.to(dtype)
         bias = None if bias is None else bias.to(dtype)
         x_lora = None if x_lora is None else x_lora.to(dtype)
         with torch.autocast(device, enabled=False):
-            return FusedLoraFunction.apply(x, x_lora, weight, bias, lora_a, lora_b, float(scaling))
-    return FusedLoraFunction.apply(x, x_lora, weight, bias, lora_a, lora_b, float(scaling))
+            return FusedLoraFunction.apply(
+                x, x_lora, weight, bias, lora_a, lora_b, float(scaling), weight_scale
+            )
+    return FusedLoraFunction.apply(x, x_lora, weight, bias, lora_a, lora_b, float(scaling), weight_scale)
 
 
 def _hooked(*modules: nn.Module) -> bool:
@@ -120,7 +131,9 @@ def _plain_call(layer: Any, x: torch.Tensor, args: tuple, kwargs: dict) -> str |
     if lora_b.bias is not None or _hooked(base, lora_a, lora_b):
         return None
     if not torch.is_autocast_enabled(x.device.type):
-        dtypes = {x.dtype, base.weight.dtype, lora_a.weight.dtype, lora_b.weight.dtype}
+        dtypes = {x.dtype, lora_a.weight.dtype, lora_b.weight.dtype}
+        if getattr(base, "weight_scale", None) is None:  # an FP8 base (models/fp8.py) computes in x's dtype
+            dtypes.add(base.weight.dtype)
         if base.bias is not None:
             dtypes.add(base.bias.dtype)
         if len(dtypes) != 1:
@@ -155,6 +168,7 @@ def _fused_forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Te
         self.lora_B[name].weight,
         self.scaling[name],
         x_lora=_lora_input(self.lora_dropout[name], x),
+        weight_scale=getattr(base, "weight_scale", None),
     )
 
 

@@ -183,6 +183,33 @@ def load_model(spec: ModelLoadSpec, tokenizer: Any) -> Any:
     return model
 
 
+@dataclass(frozen=True)
+class SpeedupSpec:
+    """What `apply_speedups` does once the adapters are on, decided by the run plan (plan.fp8, plan.compile)."""
+
+    fp8_scope: str | None = None  # frozen-base | float8-training | None (no FP8)
+    fp8_recipe: str = "rowwise"
+    fp8_all_gather: bool = False
+    device: str | None = None  # cuda:N: frozen FP8 weights are made there
+    compile_backend: str | None = None  # None: not compiled
+    compile_dynamic: bool | None = None
+    compile_fullgraph: bool = False
+
+
+def apply_speedups(spec: SpeedupSpec, model: Any) -> Any:
+    """FP8 GEMMs (models/fp8.py), then regional torch.compile (models/compile.py): after the adapters
+    (the FP8 base replaces PEFT's frozen base layers) and after checkpointing is switched on."""
+    if spec.fp8_scope:
+        from lmstack.models.fp8 import apply_fp8
+
+        apply_fp8(model, spec.fp8_scope, spec.fp8_recipe, spec.fp8_all_gather, spec.device)
+    if spec.compile_backend:
+        from lmstack.models.compile import compile_regions
+
+        compile_regions(model, spec.compile_backend, spec.compile_dynamic, spec.compile_fullgraph)
+    return model
+
+
 def upcast_norms(model: Any) -> int:
     """Norm layers' weights (and biases) to float32; returns how many tensors were cast."""
     import torch

@@ -338,3 +338,98 @@ def lora_kernel(cfg: Config, zero_stage: int | None) -> Reasoned:
     if blockers:
         return "peft", f"lora_kernel: auto -> PEFT's forward; fused needs {blockers[0]}"
     return "fused", "lora_kernel: auto, fused LoRA Linear (scaling and add in the GEMM epilogue)"
+
+
+FP8_KEPT_BF16 = ("the output head", "embeddings", "vision tower / projector", "dims not multiples of 16")
+
+
+@dataclass(frozen=True)
+class Fp8Plan:
+    """plan.fp8: which GEMMs run in FP8 (models/fp8.py applies it; the planner reads it for memory)."""
+
+    enabled: bool
+    scope: str | None = None  # frozen-base (LoRA: base weights stored FP8) | float8-training (full: torchao)
+    recipe: str | None = None  # rowwise | tensorwise (FSDP2 float8 all-gather supports tensorwise only)
+    backend: str | None = None  # torch._scaled_mm (frozen-base) | torchao (float8-training)
+    all_gather: bool = False  # FSDP2 gathers float8 weights
+    kept_bf16: tuple[str, ...] = ()  # which Linear layers stay bf16
+    reason: str = ""
+
+    @property
+    def base_weight_bytes(self) -> float | None:
+        """Bytes a frozen base parameter takes in GPU memory under this plan (None: the load dtype's)."""
+        return 1.0 if self.enabled and self.scope == "frozen-base" else None
+
+
+def fp8(cfg: Config) -> Fp8Plan:
+    """`fp8: true` -> what runs in FP8; the combinations it cannot run with are refused in plan/rules.py."""
+    t, kind = cfg.training, cfg.finetuning.finetuning_type
+    if not t.fp8:
+        return Fp8Plan(False, reason="fp8: false")
+    if kind == "lora":
+        torchao = " (torchao's rowwise recipe; torchao has no FP8 layer for a frozen weight: lmstack's)"
+        asked = f"fp8_backend: {t.fp8_backend}" + (torchao if t.fp8_backend == "torchao" else "")
+        return Fp8Plan(
+            True,
+            "frozen-base",
+            "rowwise",
+            "torch._scaled_mm",
+            kept_bf16=FP8_KEPT_BF16,
+            reason=f"fp8: true, {asked}, LoRA: the frozen base weights stored in FP8 (1 byte a parameter), "
+            "its forward and input-grad GEMMs in FP8 with row-wise scales (no weight-grad GEMM: it is frozen); "
+            "adapters bf16",
+        )
+    gather = t.fp8_enable_fsdp_float8_all_gather
+    recipe = "tensorwise" if gather else "rowwise"
+    return Fp8Plan(
+        True,
+        "float8-training",
+        recipe,
+        "torchao",
+        all_gather=gather,
+        kept_bf16=FP8_KEPT_BF16,
+        reason=f"fp8: true, fp8_backend: {t.fp8_backend}, {kind} fine-tuning: torchao's float8 training, "
+        f"{recipe} recipe"
+        + (" (FSDP2 float8 all-gather needs tensorwise scales)" if gather else "")
+        + "; the master weights stay bf16/fp32",
+    )
+
+
+def fp8_small_layers(cfg: Config) -> str | None:
+    """A note when FP8 leaves this model's projections in bf16 because they are too small to pay."""
+    from lmstack.models.fp8 import small_layers_note
+
+    return small_layers_note(_config_json(cfg) or {})
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """plan.compile: regional torch.compile (models/compile.py): each decoder layer on its own."""
+
+    enabled: bool
+    backend: str | None = None
+    dynamic: bool | None = None  # False: fixed-size packed rows; None: torch decides after a recompile
+    fullgraph: bool = False
+    reason: str = ""
+
+
+def compile_plan(cfg: Config, packed: bool, use_liger: bool, attn: str) -> CompilePlan:
+    t = cfg.training
+    if not t.torch_compile:
+        return CompilePlan(False, reason="torch_compile: false")
+    backend, dynamic = t.torch_compile_backend or "inductor", False if packed else None
+    # one graph per layer: checked with SDPA, fused LoRA, FP8, checkpointing (not Liger, flex_attention)
+    fullgraph = not use_liger and attn in ("sdpa", "eager")
+    shapes = (
+        "packed rows of one size: dynamic=False"
+        if packed
+        else "padded batches vary: dynamic after a recompile"
+    )
+    return CompilePlan(
+        True,
+        backend,
+        dynamic,
+        fullgraph,
+        f"torch_compile: true -> regional: each decoder layer compiled ({backend}, {shapes}, "
+        f"fullgraph={fullgraph}), one graph reused by every layer; not the whole model",
+    )

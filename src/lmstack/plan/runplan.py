@@ -53,6 +53,8 @@ class RunPlan:
     unsloth: bool  # the model loads through Unsloth's FastLanguageModel (use_unsloth)
     loss_kernel: str  # liger | chunked | none
     lora_kernel: str  # fused | peft: how LoRA Linear layers compute
+    fp8: decide.Fp8Plan  # which GEMMs run in FP8 (models/fp8.py)
+    compile: decide.CompilePlan  # regional torch.compile of the decoder layers (models/compile.py)
     deepspeed: DeepSpeedPlan | None
     fsdp: FsdpPlan | None
     checkpointing: bool
@@ -108,6 +110,21 @@ class RunPlan:
             seed=self.cfg.training.seed,
         )
 
+    def speedup_spec(self) -> Any:
+        """What `apply_speedups` does to the trained model once its adapters are on: FP8, then compile."""
+        from lmstack.models.load import SpeedupSpec
+
+        f, c = self.fp8, self.compile
+        return SpeedupSpec(
+            fp8_scope=f.scope if f.enabled else None,
+            fp8_recipe=f.recipe or "rowwise",
+            fp8_all_gather=f.all_gather,
+            device=f"cuda:{self.ctx.local_rank}" if self.device == "cuda" else None,
+            compile_backend=c.backend if c.enabled else None,
+            compile_dynamic=c.dynamic,
+            compile_fullgraph=c.fullgraph,
+        )
+
     def pack_spec(self, eval_split: bool = False) -> Any:
         from lmstack.data.packing import PackSpec
 
@@ -138,6 +155,8 @@ class RunPlan:
             "unsloth": self.unsloth,
             "loss_kernel": self.loss_kernel,
             "lora_kernel": self.lora_kernel,
+            "fp8": f"{self.fp8.scope} ({self.fp8.recipe})" if self.fp8.enabled else False,
+            "compile": f"regional ({self.compile.backend})" if self.compile.enabled else False,
             "zero_stage": self.zero_stage,
             "deepspeed": self.deepspeed.ref if self.deepspeed else None,
             "fsdp": f"{self.fsdp.sharding} ({self.fsdp.source})" if self.fsdp else None,
@@ -268,6 +287,11 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero, cfg, use_unsloth)
     lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero)
     ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
+    fp8 = decide.fp8(cfg)
+    if fp8.enabled and (small := decide.fp8_small_layers(cfg)):
+        notes.append(small)
+    compiled = decide.compile_plan(cfg, packed, use_liger, attn)
+    reasons["fp8"], reasons["compile"] = fp8.reason, compiled.reason
     micro = t.per_device_train_batch_size
     capacity = decide.row_capacity(cfg, micro) if packed else None
     return RunPlan(
@@ -284,6 +308,8 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         unsloth=use_unsloth,
         loss_kernel=kernel,
         lora_kernel=lora,
+        fp8=fp8,
+        compile=compiled,
         deepspeed=ds,
         fsdp=fsdp,
         checkpointing=ckpt,

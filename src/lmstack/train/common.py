@@ -70,7 +70,7 @@ def training_arguments(plan: RunPlan) -> Any:
         ddp_timeout=t.ddp_timeout,
         ddp_find_unused_parameters=t.ddp_find_unused_parameters,
         deepspeed=plan.deepspeed.config if plan.deepspeed else None,  # validated once by the plan
-        torch_compile=t.torch_compile,
+        torch_compile=False,  # torch_compile: the run plan compiles each decoder layer (plan.compile)
         disable_tqdm=t.disable_tqdm,
         use_cpu=plan.device == "cpu",
         remove_unused_columns=False,

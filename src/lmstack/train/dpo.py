@@ -18,7 +18,7 @@ from lmstack.data.encode import IGNORE_INDEX
 from lmstack.data.mm import media_spec
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model
+from lmstack.models.load import apply_speedups, load_model
 from lmstack.models.vision import load_image_processor, save_processor_files
 from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.trainer import reliable
@@ -46,6 +46,7 @@ def run(plan: RunPlan) -> dict:
     model = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, model)
     model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
+    model = apply_speedups(plan.speedup_spec(), model)  # FP8 GEMMs, regional compile (plan.fp8 / compile)
     loss = cfg.finetuning.pref_loss
     ref_model = rlhf.reference_model(plan, tokenizer, needs_reference=loss not in REFERENCE_FREE)
 

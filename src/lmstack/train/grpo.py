@@ -20,7 +20,7 @@ from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model
+from lmstack.models.load import apply_speedups, load_model
 from lmstack.plan.runplan import RunPlan
 from lmstack.train import common, rlhf
 
@@ -44,6 +44,7 @@ def run(plan: RunPlan) -> dict:
     model = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, model)
     model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
+    model = apply_speedups(plan.speedup_spec(), model)  # FP8 GEMMs (plan.fp8)
 
     g = cfg.generating
     config_cls, trainer_cls = TRAINERS[cfg.finetuning.stage]

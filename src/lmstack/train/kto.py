@@ -15,7 +15,7 @@ from trl import KTOConfig, KTOTrainer
 from lmstack.data.encode_pref import split_row
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model
+from lmstack.models.load import apply_speedups, load_model
 from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.trainer import reliable
 from lmstack.train import common, rlhf
@@ -40,6 +40,7 @@ def run(plan: RunPlan) -> dict:
     model = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, model)
     model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
+    model = apply_speedups(plan.speedup_spec(), model)  # FP8 GEMMs, regional compile (plan.fp8 / compile)
     ref_model = rlhf.reference_model(plan, tokenizer)
 
     ft = cfg.finetuning

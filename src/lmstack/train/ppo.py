@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from lmstack.config.schema import Config
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model
+from lmstack.models.load import apply_speedups, load_model
 from lmstack.models.value_head import ValueHeadModel, last_token, load_value_head_model
 from lmstack.plan.runplan import RunPlan
 from lmstack.train import common, rlhf
@@ -54,6 +54,7 @@ def run(plan: RunPlan) -> dict:
     prompts = [row["input_ids"] for row in build_datasets(cfg, tokenizer, template).train.to_samples()]
 
     backbone = setup_finetuning(cfg, load_model(plan.model_spec(), tokenizer), lora_kernel=plan.lora_kernel)
+    backbone = apply_speedups(plan.speedup_spec(), backbone)  # FP8 GEMMs (plan.fp8)
     policy = ValueHeadModel(backbone).to(device)
     ref_model = rlhf.reference_model(plan, tokenizer)
     ft = cfg.finetuning

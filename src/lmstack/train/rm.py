@@ -14,7 +14,7 @@ from trl import RewardConfig, RewardTrainer
 
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
-from lmstack.models.load import load_model
+from lmstack.models.load import apply_speedups, load_model
 from lmstack.models.value_head import ValueHeadModel
 from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.trainer import reliable
@@ -35,6 +35,9 @@ def run(plan: RunPlan) -> dict:
     backbone = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, backbone)
     backbone = setup_finetuning(cfg, backbone, lora_kernel=plan.lora_kernel)
+    backbone = apply_speedups(
+        plan.speedup_spec(), backbone
+    )  # FP8 GEMMs, regional compile (plan.fp8 / compile)
     backbone.config.num_labels = 1  # one scalar per sequence (TRL checks it)
     model = ValueHeadModel(backbone)
 

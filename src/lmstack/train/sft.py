@@ -8,7 +8,7 @@ from lmstack.data.mm_collate import MediaCollator
 from lmstack.data.packing import pack_dataset
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.kernels import apply_training_kernels
-from lmstack.models.load import load_model
+from lmstack.models.load import apply_speedups, load_model
 from lmstack.models.vision import load_image_processor, save_processor_files
 from lmstack.plan.runplan import RunPlan
 from lmstack.train import common, predict
@@ -44,6 +44,7 @@ def run(plan: RunPlan) -> dict:
     apply_training_kernels(plan.loss_kernel, model)  # fused linear CE: no [tokens x vocab] logits in training
     common.enable_gradient_checkpointing(plan, model)
     model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
+    model = apply_speedups(plan.speedup_spec(), model)  # FP8 GEMMs, regional compile (plan.fp8 / compile)
 
     trainer = common.build_trainer(plan, model, tokenizer, train_set, eval_set, collator, args)
     metrics = common.train_and_save(plan, trainer, resume)
