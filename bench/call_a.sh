@@ -21,8 +21,11 @@ for k in fused peft; do
     --num_processes 1 -m lmstack.cli train /tmp/fsdp_$k.yaml > "$O/fsdp_$k.log" 2>&1
   echo "fsdp1 lora_kernel=$k rc=$? $(el)s"; grep -E "Error|error" "$O/fsdp_$k.log" | grep -v "error_file\|elastic" | tail -3
 done
+# 1b. FP8: the kernels and a short training run (tests/gpu/test_fp8_gpu.py)
+PYTHONPATH=$LM timeout 150 python3 -m pytest -p no:cacheprovider -q -rf tests/gpu/test_fp8_gpu.py tests/gpu/test_fused_lora_gpu.py \
+  > "$O/fp8_tests.log" 2>&1; echo "fp8 tests rc=$? $(el)s"; tail -8 "$O/fp8_tests.log" | grep -v "^\s*$"
 # 2. Unsloth: lmstack's use_unsloth path and packed-document isolation, in Unsloth's env
-PYTHONPATH=/tmp/site_uns:$PWD/src timeout 200 python3 -m pytest -p no:cacheprovider -q -x -rf tests/gpu/test_unsloth_gpu.py \
+PYTHONPATH=/tmp/site_uns:$PWD/src timeout 150 python3 -m pytest -p no:cacheprovider -q -rf tests/gpu/test_unsloth_gpu.py \
   > "$O/unsloth_tests.log" 2>&1; echo "unsloth tests rc=$? $(el)s"; tail -15 "$O/unsloth_tests.log" | grep -v "^\s*$"
 # 3. serving, 0.5B: continuous batching (32 concurrent) vs one at a time
 python3 bench/make_assets.py /tmp/assets qwen2.5-0.5b 2>&1 | grep -v Writing | tail -1

@@ -641,7 +641,10 @@ def test_an_engine_backend_without_its_package_refuses_to_start_before_the_model
         cmd, capture_output=True, text=True, env=ENV, timeout=120, stdin=subprocess.DEVNULL
     )
     assert result.returncode == 2, result.stderr
-    assert f"infer_backend: {backend} needs the {backend} package: pip install 'lmstack[{backend}]'" in result.stderr
+    assert (
+        f"infer_backend: {backend} needs the {backend} package: pip install 'lmstack[{backend}]'"
+        in result.stderr
+    )
     assert "model_name_or_path" not in result.stderr
 
 

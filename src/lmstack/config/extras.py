@@ -26,6 +26,7 @@ EXTRAS: dict[str, Extra] = {
     "vllm": Extra(("vllm",), "infer_backend: vllm for `lmstack chat` / `lmstack api`"),
     "sglang": Extra(("sglang",), "infer_backend: sglang for `lmstack chat` / `lmstack api`"),
     "unsloth": Extra(("unsloth",), "use_unsloth: true (Unsloth's kernels on one CUDA GPU)"),
+    "fp8": Extra(("torchao",), "fp8: true for full fine-tuning (torchao's float8 training)"),
     "optim": Extra(
         ("galore_torch", "apollo_torch", "badam", "adam_mini"),
         "use_galore, use_apollo, use_badam, use_adam_mini",
