@@ -50,7 +50,7 @@ def test_use_unsloth_trains_through_unsloth_and_saves_a_peft_adapter(small_model
     proc = subprocess.run([sys.executable, "-m", "lmstack.cli", "train", str(path)], capture_output=True,
                           text=True, timeout=400)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "loaded through Unsloth's FastLanguageModel" in proc.stderr
+    assert "through Unsloth's FastLanguageModel" in proc.stderr
     rows = [json.loads(x) for x in (out / "trainer_log.jsonl").read_text().splitlines() if x.strip()]
     losses = [r["loss"] for r in rows if "loss" in r]
     assert len(losses) == 20 and sum(losses[-5:]) < sum(losses[:5]), losses

@@ -308,7 +308,7 @@ def checkpointing(cfg: Config, user_value: bool | str) -> Reasoned:
     return bool(gc), f"gradient_checkpointing: {str(gc).lower()}"
 
 
-def lora_kernel_blockers(cfg: Config, zero_stage: int | None) -> list[str]:
+def lora_kernel_blockers(cfg: Config, zero_stage: int | None, fsdp: bool = False) -> list[str]:
     """What the fused LoRA Linear (models/fused_lora.py) needs that this config lacks (empty: it can run)."""
     ft = cfg.finetuning
     checks = [
@@ -317,16 +317,19 @@ def lora_kernel_blockers(cfg: Config, zero_stage: int | None) -> list[str]:
         (cfg.model.quantization_bit is not None, "no quantization_bit (the base is a quantized layer)"),
         (cfg.model.use_unsloth, "use_unsloth: false"),
         (zero_stage == 3, "no DeepSpeed ZeRO-3 (it gathers each weight inside its own module's forward)"),
+        # measured on the H200: FSDP1 + fused LoRA failed at the first optimizer step (a dtype/device
+        # mismatch in AdamW's foreach grouping) where PEFT's forward trains
+        (fsdp, "no FSDP (it flattens and re-views the weights the fused function reads)"),
     ]
     return [need for failed, need in checks if failed]
 
 
-def lora_kernel(cfg: Config, zero_stage: int | None) -> Reasoned:
+def lora_kernel(cfg: Config, zero_stage: int | None, fsdp: bool = False) -> Reasoned:
     """fused | peft: how each LoRA Linear computes (lmstack's fused function or PEFT's own forward)."""
     choice = cfg.finetuning.lora_kernel
     if choice == "peft":
         return "peft", "lora_kernel: peft (PEFT's forward: separate scale and add kernels)"
-    blockers = lora_kernel_blockers(cfg, zero_stage)
+    blockers = lora_kernel_blockers(cfg, zero_stage, fsdp)
     if choice == "fused":
         if blockers:
             raise ConfigError(

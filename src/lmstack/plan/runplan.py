@@ -285,7 +285,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     prec = decide.precision(cfg, ctx, dev, spec, zero, fsdp is not None)
     reasons["precision"] = prec.reason
     kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero, cfg, use_unsloth)
-    lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero)
+    lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero, fsdp is not None)
     ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
     fp8 = decide.fp8(cfg)
     if fp8.enabled and (small := decide.fp8_small_layers(cfg)):
