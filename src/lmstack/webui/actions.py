@@ -63,13 +63,16 @@ def preview_data(flat: dict[str, Any]) -> tuple[str, str]:
 
 def plan_table(flat: dict[str, Any], gpus: int, gpu_memory_gib: float) -> tuple[str, dict[str, Any]]:
     """(`lmstack plan`'s table, the recommendation's YAML changes) for `gpus` GPUs of `gpu_memory_gib`."""
+    from lmstack.launch.context import LaunchContext
     from lmstack.plan import format_table, plan
     from lmstack.plan.from_config import request_from_plan
     from lmstack.plan.whatif import plan_for
 
     cfg = build_config(dict(flat))
     run_plan = plan_for(cfg, gpus, gpu_memory_gib)
-    result = plan(request_from_plan(run_plan, gpus, gpu_memory_gib))
+    # the packages installed here: never recommend DeepSpeed / QLoRA / flash-attn that this machine lacks
+    here = LaunchContext.from_env(probe_cuda=False).packages
+    result = plan(request_from_plan(run_plan, gpus, gpu_memory_gib, available=here))
     changes = dict(result.recommendation.yaml_changes) if result.recommendation else {}
     return format_table(result) + "\n\n" + run_plan.describe(), changes
 
