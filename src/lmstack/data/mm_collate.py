@@ -11,6 +11,7 @@ from typing import Any
 
 from lmstack.config.errors import DataError
 from lmstack.data.mm import MediaSpec, load_image
+from lmstack.data.padding import pad_right
 
 
 class MediaCollator:
@@ -22,18 +23,9 @@ class MediaCollator:
         self.token_types = spec.plugin == "qwen2_vl" and takes_token_types(spec.model_type)
 
     def __call__(self, features: list[dict]) -> dict:
-        import torch
-
         width = max(len(f["input_ids"]) for f in features)
-        ids = torch.full((len(features), width), self.pad_id, dtype=torch.long)
-        labels = torch.full((len(features), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(features), width), dtype=torch.long)
-        for i, f in enumerate(features):
-            n = len(f["input_ids"])
-            ids[i, :n] = torch.tensor(f["input_ids"])
-            labels[i, :n] = torch.tensor(f["labels"])
-            mask[i, :n] = 1
-        batch = {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        batch = pad_right(features, width, self.pad_id)
+        ids = batch["input_ids"]
         if self.token_types:
             batch["mm_token_type_ids"] = (ids == self.image_token_id).long()
         per_sample = [json.loads(f.get("images") or "[]") for f in features]

@@ -187,19 +187,11 @@ class PadCollator:
         self.multiple_of = multiple_of
 
     def __call__(self, features: list[dict]) -> dict:
-        import torch
+        from lmstack.data.padding import pad_right
 
         longest = max(len(f["input_ids"]) for f in features)
         width = -(-longest // self.multiple_of) * self.multiple_of
-        ids = torch.full((len(features), width), self.pad_id, dtype=torch.long)
-        labels = torch.full((len(features), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(features), width), dtype=torch.long)
-        for i, f in enumerate(features):
-            n = len(f["input_ids"])
-            ids[i, :n] = torch.tensor(f["input_ids"])
-            labels[i, :n] = torch.tensor(f["labels"])
-            mask[i, :n] = 1
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+        return pad_right(features, width, self.pad_id)
 
 
 def make_callbacks(cfg: Config) -> list:
