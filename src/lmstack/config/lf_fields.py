@@ -56,7 +56,6 @@ LF_FIELDS: dict[str, LFField] = {
     "rope_scaling": D("RoPE scaling for a longer context", None),
     "shift_attn": D("LongLoRA shifted sparse attention", False),
     "mixture_of_depths": D("Mixture-of-Depths conversion", None),
-    "use_unsloth_gc": D("Unsloth's CPU-offloaded gradient checkpointing", False),
     "moe_aux_loss_coef": D("a MoE router auxiliary-loss weight", None),
     "upcast_lmhead_output": D("fp32 output-head logits", False),
     "offload_folder": D("a disk offload folder for an automatic device map", "offload"),

@@ -63,6 +63,11 @@ class ModelArgs(Section):
         False, description="LF compatibility: true forces gradient_checkpointing off."
     )
     use_reentrant_gc: bool = Field(True, description="Use reentrant activation checkpointing.")
+    use_unsloth_gc: bool = Field(
+        False,
+        description="Unsloth-style offloaded checkpointing: recompute every decoder layer and park its input "
+        "hidden state in CPU RAM until its backward (lmstack's own; does not need unsloth installed).",
+    )
     upcast_layernorm: bool = Field(False, description="Keep norm weights in fp32.")
     low_cpu_mem_usage: bool = Field(True, description="Load weights without a full CPU copy.")
     train_from_scratch: bool = Field(

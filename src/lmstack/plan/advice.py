@@ -42,6 +42,10 @@ def unsupported(req: PlanRequest, s: Setup) -> str:
         return "unsupported here: DeepSpeed is not installed (pip install deepspeed)"
     if s.quantization_bit and have is not None and PACKAGE_FOR["qlora"] not in have:
         return "unsupported here: quantization needs bitsandbytes (pip install bitsandbytes)"
+    if s.checkpoint_offload and (s.deepspeed_stage == 3 or s.fsdp):
+        return (
+            "unsupported combination: offloaded checkpointing (use_unsloth_gc) runs with DDP or ZeRO-1/2 only"
+        )
     if s.quantization_bit == 8 and (s.deepspeed_stage == 3 or s.fsdp):
         return "unsupported combination: 8-bit bases cannot be sharded by ZeRO-3/FSDP"
     if not req.multi_process and (s.deepspeed_stage is not None or s.fsdp or s.num_gpus > 1):
@@ -78,6 +82,8 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
         ch["fsdp"] = None
     if req.gradient_checkpointing != s.gradient_checkpointing:
         ch["gradient_checkpointing"] = s.gradient_checkpointing
+    if req.checkpoint_offload != s.checkpoint_offload:
+        ch["use_unsloth_gc"] = s.checkpoint_offload
     if req.micro_batch != s.micro_batch:
         ch["per_device_train_batch_size"] = s.micro_batch
         if req.micro_batch:  # the batch the optimizer sees stays micro_batch x gradient_accumulation_steps
@@ -103,7 +109,8 @@ def label(c: Candidate) -> str:
     bits = [
         c.strategy.name,
         f"micro-batch {s.micro_batch}",
-        "checkpointing " + ("on" if s.gradient_checkpointing else "off"),
+        "checkpointing "
+        + ("offloaded" if s.checkpoint_offload else "on" if s.gradient_checkpointing else "off"),
     ]
     if s.fused_ce:
         bits.append("fused CE")
@@ -119,7 +126,13 @@ def reason(
         f"of the {usable:.1f} GiB usable ({req.gpu_memory_gib:g} GiB x {mem.SAFETY_MARGIN})"
         f", at a rough relative step cost of {rec.cost:.2f}."
     )
-    if rec.setup.gradient_checkpointing:
+    if rec.setup.checkpoint_offload:
+        text += (
+            " Gradient checkpointing is on with the layer inputs offloaded (use_unsloth_gc): it re-runs each "
+            f"layer's forward (~33% more compute) and parks {rec.estimate.offloaded_activations_gib:.1f} GiB "
+            "of layer inputs in CPU RAM per node, copied over PCIe alongside the compute (its cost is an estimate)."
+        )
+    elif rec.setup.gradient_checkpointing:
         text += " Gradient checkpointing is on: it re-runs each layer's forward (~33% more compute)."
     else:
         text += " Activations fit without gradient checkpointing, so no recompute cost."

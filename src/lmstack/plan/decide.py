@@ -294,6 +294,18 @@ def loss_kernel(
 
 def checkpointing(cfg: Config, user_value: bool | str) -> Reasoned:
     """`user_value` is what the YAML said (auto already replaced by the planner in cfg)."""
+    if cfg.model.use_unsloth_gc:  # LF: use_unsloth_gc is a checkpointing mode, it turns checkpointing on
+        off = [
+            f for f, on in (("gradient_checkpointing: false", user_value is False),
+                            ("disable_gradient_checkpointing: true", cfg.model.disable_gradient_checkpointing))
+            if on
+        ]  # fmt: skip
+        if off:
+            raise ConfigError(
+                f"use_unsloth_gc: true and {' and '.join(off)}: use_unsloth_gc is offloaded gradient "
+                "checkpointing (every layer recomputed, its input parked in CPU RAM); remove one of them"
+            )
+        return True, "use_unsloth_gc: true (checkpointing with the layer inputs offloaded to CPU RAM)"
     if cfg.model.disable_gradient_checkpointing:
         return False, "disable_gradient_checkpointing: true"
     gc = cfg.training.gradient_checkpointing
@@ -306,6 +318,25 @@ def checkpointing(cfg: Config, user_value: bool | str) -> Reasoned:
             )
         return bool(gc), why + "needed) -> " + ("recompute to fit" if gc else "fits without recompute")
     return bool(gc), f"gradient_checkpointing: {str(gc).lower()}"
+
+
+def checkpoint_offload(cfg: Config, zero_stage: int | None, fsdp: bool) -> Reasoned:
+    """Whether the checkpointed layer inputs wait in CPU RAM (use_unsloth_gc; models/offload_ckpt.py).
+    It composes with DDP and ZeRO-1/2 (whole layers on every rank); under ZeRO-3/FSDP the recompute
+    gathers sharded weights inside hooks that lmstack has not tested with the offload, so it is refused."""
+    if not cfg.model.use_unsloth_gc:
+        return False, "use_unsloth_gc: false"
+    if zero_stage == 3 or fsdp:
+        what = "DeepSpeed ZeRO-3" if zero_stage == 3 else "FSDP"
+        raise ConfigError(
+            f"use_unsloth_gc: true with {what}: offloaded checkpointing runs with DDP or ZeRO-1/2 only "
+            f"(untested with sharded weights); remove use_unsloth_gc (plain gradient_checkpointing: true "
+            f"works with {what}) or use ZeRO-2"
+        )
+    return (
+        True,
+        "use_unsloth_gc: true, each layer's input hidden state waits in (pinned) CPU RAM until its backward",
+    )
 
 
 def lora_kernel_blockers(cfg: Config, zero_stage: int | None, fsdp: bool = False) -> list[str]:

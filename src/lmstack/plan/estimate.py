@@ -36,6 +36,7 @@ class Setup:
     micro_batch: int = 1
     seq_len: int = 2048
     gradient_checkpointing: bool = False
+    checkpoint_offload: bool = False  # use_unsloth_gc: the checkpointed layer inputs wait in CPU RAM
     attention: str = "sdpa"
     fused_ce: bool = False
     optimizer: str = "adamw"  # OPTIMIZERS
@@ -60,7 +61,8 @@ class Setup:
 @dataclass(frozen=True)
 class Estimate:
     gpu: mem.MemoryBreakdown
-    cpu_gib: float  # CPU memory per node for offloaded states (0 without offload)
+    cpu_gib: float  # CPU memory per node for offloaded states and activations (0 without offload)
+    offloaded_activations_gib: float = 0.0  # of which: offloaded checkpointing's layer inputs, per node
 
 
 @dataclass
@@ -107,6 +109,10 @@ def validate_setup(s: Setup) -> None:
         raise ValueError(f"reference: got {s.reference!r}; allowed: {' | '.join(REFERENCES)}")
     if s.rows_per_example < 1:
         raise ValueError(f"rows_per_example: got {s.rows_per_example}; must be >= 1")
+    if s.checkpoint_offload and not s.gradient_checkpointing:
+        raise ValueError(
+            "checkpoint_offload: offloads the checkpointed layer inputs; needs gradient_checkpointing"
+        )
     if s.num_gpus < 1 or s.micro_batch < 1 or s.seq_len < 1 or s.nodes < 1:
         raise ValueError("num_gpus, nodes, micro_batch and seq_len must all be >= 1")
 
@@ -247,16 +253,36 @@ def _recompute_layer_bytes(spec: ModelSpec, s: Setup) -> float:
     return train_tokens(s) * per_layer * activation_factor(s)
 
 
+def _activation_layers(spec: ModelSpec, s: Setup) -> int:
+    """Layers whose activations are kept (freeze-tuning: none below the first trainable one)."""
+    if s.finetuning_type == "freeze":
+        return min(s.freeze_trainable_layers, spec.num_layers)
+    return spec.num_layers
+
+
+def offloaded_activations(spec: ModelSpec, s: Setup) -> float:
+    """CPU bytes of one rank's offloaded layer inputs (0 unless checkpoint_offload)."""
+    if not s.checkpoint_offload:
+        return 0.0
+    return (
+        train_tokens(s)
+        * _activation_layers(spec, s)
+        * mem.checkpointed_bytes_per_token_layer(spec.hidden_size)
+    )
+
+
 def activations(spec: ModelSpec, s: Setup) -> float:
     """Activation bytes per GPU (ZeRO/FSDP do not split activations)."""
     per_layer = mem.activation_bytes_per_token_layer(spec.hidden_size, spec.kv_dim, spec.intermediate_size)
     if s.attention == "eager":
         per_layer += mem.eager_attention_bytes_per_token_layer(spec.num_heads, s.seq_len)
-    # Freeze-tuning: layers below the first trainable one need no saved activations.
-    layers = spec.num_layers
-    if s.finetuning_type == "freeze":
-        layers = min(s.freeze_trainable_layers, spec.num_layers)
+    layers = _activation_layers(spec, s)
     tokens = train_tokens(s)
+    if s.checkpoint_offload:
+        gpu, _ = mem.offloaded_checkpoint_bytes(
+            tokens, layers, per_layer, spec.hidden_size, activation_factor(s)
+        )
+        return gpu
     return mem.activation_bytes(
         tokens, layers, per_layer, spec.hidden_size, s.gradient_checkpointing, activation_factor(s)
     )
@@ -310,4 +336,7 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     gpu = mem.breakdown(
         st.weights, st.grads, optim, acts, logits, st.adapters, terms=terms, fragmentation=frag
     )
-    return Estimate(gpu=gpu, cpu_gib=cpu_bytes_per_node(st, s) / mem.GIB)
+    parked = offloaded_activations(spec, s) * max(s.num_gpus // s.nodes, 1) / mem.GIB
+    return Estimate(
+        gpu=gpu, cpu_gib=cpu_bytes_per_node(st, s) / mem.GIB + parked, offloaded_activations_gib=parked
+    )

@@ -111,7 +111,10 @@ def request_from_plan(
         kind != "lora" and ds is None and plan.fsdp is None and mixed
         and plan.precision.master_weights == "model" and plan.precision.load == "fp32"
     )  # fmt: skip
-    gc_auto = t.gradient_checkpointing == "auto" and not cfg.model.disable_gradient_checkpointing
+    gc_auto = (
+        t.gradient_checkpointing == "auto" and not cfg.model.disable_gradient_checkpointing
+        and not cfg.model.use_unsloth_gc
+    )  # fmt: skip
     fields = {"seq_len": plan.row_capacity or cfg.data.cutoff_len}
     fields.update(stage_fields(plan, spec))
     fields["worst_seq_len"] = fields["seq_len"]
@@ -135,6 +138,7 @@ def request_from_plan(
         micro_batch=None if (search or t.per_device_train_batch_size == "auto") else plan.micro_batch,
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         gradient_checkpointing=None if (search or gc_auto) else plan.checkpointing,
+        checkpoint_offload=plan.checkpoint_offload,
         attention=_attention(plan),
         packing=plan.packing,
         fused_ce=plan.loss_kernel != "none"

@@ -60,6 +60,14 @@ PEFT_LORA_ACTIVATION_FACTOR = 1.6
 # says ~1.3, and the H200 runs without Liger agree (7B LoRA 1.26, 0.5B full 1.32 over the Liger case).
 STOCK_HF_ACTIVATION_FACTOR = 1.3
 
+# --- offloaded checkpointing (use_unsloth_gc, models/offload_ckpt.py) --------------------
+# Each layer's bf16 input waits in pinned CPU RAM; in the backward the GPU holds the layer being
+# recomputed, its input brought back, and the input of the layer below in flight (one prefetch).
+OFFLOAD_PREFETCH_LAYERS = 1
+# Pinned host <-> device copies: PCIe Gen4/Gen5 x16 reach ~25 GB/s in practice (an estimate, not measured
+# here); each layer input crosses twice per step (to the CPU in the forward, back in the backward).
+PCIE_GB_PER_S = 25.0
+
 # --- logits / loss (REFERENCE 7.3) ----------------------------------------------------
 UNFUSED_LOGITS_BYTES = 10  # bf16 logits 2 + fp32 upcast 4 + logits grad 4, per element
 # Under DeepSpeed ZeRO-3 the same HF loss held 2 B more per element: one more bf16 copy of the logits
@@ -248,6 +256,16 @@ def activation_bytes(
     if not checkpointing:
         return tokens * layers * full
     return tokens * (layers * checkpointed_bytes_per_token_layer(hidden) + full)
+
+
+def offloaded_checkpoint_bytes(
+    tokens: int, layers: int, full_layer_bytes_per_token: float, hidden: int, factor: float = 1.0
+) -> tuple[float, float]:
+    """(GPU, CPU) activation bytes with offloaded checkpointing: the GPU keeps one recomputed layer plus
+    its input and the prefetched input below it; the layer inputs (layers x tokens x 2h) are in CPU RAM."""
+    inputs = checkpointed_bytes_per_token_layer(hidden)
+    gpu = tokens * (full_layer_bytes_per_token * factor + (1 + OFFLOAD_PREFETCH_LAYERS) * inputs)
+    return gpu, tokens * layers * inputs
 
 
 def logits_bytes(

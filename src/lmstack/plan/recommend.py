@@ -41,6 +41,12 @@ UNFUSED_CE_COST = 1.2  # Liger kernels measured +13-28% throughput (REFERENCE 8.
 EAGER_ATTENTION_COST = 1.3  # eager materialises s x s scores; FA/SDPA 1.2-2x faster (rough)
 LORA_COST = 1.0  # 4N vs 6N FLOPs, but PEFT-default LoRA measured no faster than full (REFERENCE 8.2)
 QUANT_COST = 1.15  # de-quantization kernels; torchtune -2%, unfused HF slower (REFERENCE 10.11)
+# Offloaded checkpointing (use_unsloth_gc): the copies overlap the compute on a side stream, so only the
+# part of the PCIe time (memory.PCIE_GB_PER_S) above the step's compute time costs, plus a fixed share for
+# the per-layer copy launches and event waits. The compute time uses an assumed achieved bf16 rate. Both
+# are estimates, not measurements (the GPU run of bench/lmstack_bench.py 7b_lora_24g is still to come).
+OFFLOAD_CKPT_FIXED_COST = 0.02
+ASSUMED_ACHIEVED_TFLOPS = 400.0
 # Per-step fixed costs (launches, Python) amortise over tokens: efficiency = T / (T + T0),
 # T0 ~ 1/h^2 (work per token grows with h^2). Fit to Qwen2.5-0.5B 16K -> 64K tokens: +42%.
 LAUNCH_OVERHEAD_TOKENS = 10_000
@@ -62,6 +68,7 @@ class PlanRequest:
     micro_batch: int | None = None
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool | None = None
+    checkpoint_offload: bool = False  # use_unsloth_gc (the recommendation's search opens it)
     attention: str = "sdpa"
     packing: bool = False
     fused_ce: bool | None = False
@@ -151,7 +158,8 @@ def _base_setup(req: PlanRequest) -> Setup:
         freeze_trainable_layers=req.freeze_trainable_layers, num_gpus=req.num_gpus, nodes=req.nodes,
         deepspeed_stage=stage, offload_optimizer=req.offload_optimizer, offload_param=req.offload_param,
         fsdp=req.fsdp_sharding if req.fsdp else None, micro_batch=req.micro_batch or 1,
-        seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing),
+        seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing or req.checkpoint_offload),
+        checkpoint_offload=req.checkpoint_offload,
         attention=req.attention, fused_ce=bool(req.fused_ce), optimizer=req.optimizer,
         optimizer_rank=req.optimizer_rank, liger=req.liger, fp32_model_weights=req.fp32_model_weights,
         fp32_adapters=req.fp32_adapters, stage=req.stage, rows_per_example=req.rows_per_example,
@@ -203,11 +211,15 @@ def fp8_strategies(req: PlanRequest) -> list[Strategy]:
     return []
 
 
-def _apply(base: Setup, st: Strategy, ckpt: bool, mb: int, fused: bool, attn: str) -> Setup:
+# checkpointing modes (gradient_checkpointing, checkpoint_offload): off, full, offloaded (use_unsloth_gc)
+CKPT_OFF, CKPT_FULL, CKPT_OFFLOADED = (False, False), (True, False), (True, True)
+
+
+def _apply(base: Setup, st: Strategy, ckpt: tuple[bool, bool], mb: int, fused: bool, attn: str) -> Setup:
     s = replace(
         base, deepspeed_stage=st.deepspeed_stage, offload_optimizer=st.offload_optimizer,
-        offload_param=st.offload_param, fsdp=st.fsdp, gradient_checkpointing=ckpt, micro_batch=mb,
-        fused_ce=fused, attention=attn,
+        offload_param=st.offload_param, fsdp=st.fsdp, gradient_checkpointing=ckpt[0],
+        checkpoint_offload=ckpt[1], micro_batch=mb, fused_ce=fused, attention=attn,
     )  # fmt: skip
     if st.method in ("lora", "qlora4") and s.reference == "copy":
         s = replace(s, reference="adapter_off")  # LoRA's reference is the adapter-off base
@@ -257,8 +269,7 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
     if len(fused) > 1:
         base = replace(base, liger=None)
     validate_setup(base)
-    fixed_ckpt = req.gradient_checkpointing is not None and not open_all
-    ckpts = [req.gradient_checkpointing] if fixed_ckpt else [False, True]
+    ckpts = checkpointing_modes(req, open_all)
     mbs = (
         micro_batch_choices(req)
         if open_all
@@ -267,8 +278,21 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
     attns = [req.attention] + (["sdpa"] if req.attention == "eager" else [])
     out = []
     for st, ckpt, mb, fu, at in itertools.product(strategies, ckpts, mbs, fused, attns):
+        if ckpt == CKPT_OFFLOADED and open_all and (st.deepspeed_stage == 3 or st.fsdp):
+            continue  # use_unsloth_gc is refused with sharded weights (plan/decide.py): not a choice
         out.append(evaluate(req, st, _apply(base, st, ckpt, mb, fu, at)))
     return out
+
+
+def checkpointing_modes(req: PlanRequest, open_all: bool) -> list[tuple[bool, bool]]:
+    """The request's own mode when fixed; off/full when left auto; and offloaded too in the recommendation."""
+    if open_all:
+        return [CKPT_OFF, CKPT_FULL, CKPT_OFFLOADED]
+    if req.checkpoint_offload:
+        return [CKPT_OFFLOADED]
+    if req.gradient_checkpointing is not None:
+        return [(req.gradient_checkpointing, False)]
+    return [CKPT_OFF, CKPT_FULL]
 
 
 def best(cands: list[Candidate]) -> Candidate | None:
@@ -293,11 +317,27 @@ def relative_cost(spec: ModelSpec, s: Setup) -> float:
     cost *= OFFLOAD_OPTIMIZER_COST if s.offload_optimizer else 1.0
     cost *= OFFLOAD_PARAM_COST if s.offload_param else 1.0
     cost *= RECOMPUTE_COST if s.gradient_checkpointing else 1.0
+    cost *= 1.0 + offload_checkpoint_cost(spec, s)
     cost *= 1.0 if s.fused_ce else UNFUSED_CE_COST
     cost *= EAGER_ATTENTION_COST if s.attention == "eager" else 1.0
     cost *= LORA_COST if s.finetuning_type == "lora" else 1.0
     cost *= QUANT_COST if s.quantization_bit else 1.0
     return cost
+
+
+def offload_checkpoint_cost(spec: ModelSpec, s: Setup) -> float:
+    """The share offloaded checkpointing adds to a step: max(0, PCIe time - compute time) / compute time
+    + OFFLOAD_CKPT_FIXED_COST (0 without it). PCIe: every layer input to the CPU and back; compute:
+    forward + backward + the recompute forward (2N FLOPs per token each, the weight gradient only when
+    the base trains) at ASSUMED_ACHIEVED_TFLOPS. An estimate."""
+    from lmstack.plan.estimate import offloaded_activations, train_tokens
+
+    if not s.checkpoint_offload:
+        return 0.0
+    transfer = 2 * offloaded_activations(spec, s) / (mem.PCIE_GB_PER_S * mem.GB)
+    passes = 4 if s.finetuning_type == "lora" else 5  # fwd, dgrad, (wgrad,) recompute fwd: 2N FLOPs each
+    compute = passes * spec.num_params * train_tokens(s) / (ASSUMED_ACHIEVED_TFLOPS * 1e12)
+    return max(0.0, transfer - compute) / compute + OFFLOAD_CKPT_FIXED_COST
 
 
 def _best_per_strategy(cands: list[Candidate]) -> dict[str, Candidate]:

@@ -25,8 +25,11 @@ BREAKDOWN_ROWS = (
 def shown_candidates(result: PlanResult) -> list[Candidate]:
     """Best variant per (strategy, checkpointing): fastest fitting, else the smallest."""
     rows: list[Candidate] = []
-    for ckpt in (False, True):
-        group = [c for c in result.candidates if c.setup.gradient_checkpointing == ckpt]
+    for ckpt in ((False, False), (True, False), (True, True)):  # off, full, offloaded (use_unsloth_gc)
+        group = [
+            c for c in result.candidates
+            if (c.setup.gradient_checkpointing, c.setup.checkpoint_offload) == ckpt
+        ]  # fmt: skip
         rows += list(_best_per_strategy(group).values()) if group else []
     return sorted(rows, key=lambda c: (not c.fits, c.cost))
 
@@ -40,6 +43,7 @@ def candidate_dict(c: Candidate) -> dict[str, object]:
         "fits": c.fits,
         "micro_batch": c.setup.micro_batch,
         "gradient_checkpointing": c.setup.gradient_checkpointing,
+        "checkpoint_offload": c.setup.checkpoint_offload,
         "fused_ce": c.setup.fused_ce,
         "attention": c.setup.attention,
         "finetuning_type": c.setup.finetuning_type,
@@ -47,6 +51,7 @@ def candidate_dict(c: Candidate) -> dict[str, object]:
         "changes_method": c.changes_method,
         "relative_cost": round(c.cost, 3),
         "cpu_gib": round(c.estimate.cpu_gib, 1),
+        "offloaded_activations_cpu_gib": round(c.estimate.offloaded_activations_gib, 2),
         "why_not": c.why_not,
         # comparable with torch.cuda.max_memory_allocated() / max_memory_reserved()
         "allocated_gib": g["allocated"],
@@ -115,7 +120,7 @@ def format_table(result: PlanResult) -> str:
         cells = [
             f"{name:<24}",
             f"{c.setup.micro_batch:>7}",
-            f"{'on' if c.setup.gradient_checkpointing else 'off':>7}",
+            f"{'offload' if c.setup.checkpoint_offload else 'on' if c.setup.gradient_checkpointing else 'off':>7}",
         ]
         cells += [f"{v:>7.1f}" for v in nums] + [f"{'✓' if c.fits else '✗':>7}"]
         lines.append("  ".join(cells) + (f"  {c.why_not}" if c.why_not else ""))

@@ -62,6 +62,7 @@ class RunPlan:
     world_size: int
     reasons: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # documented fallbacks, said once (warnings)
+    checkpoint_offload: bool = False  # the checkpointed layer inputs wait in CPU RAM (use_unsloth_gc)
 
     @classmethod
     def resolve(cls, cfg: Config, ctx: LaunchContext, resolve_auto: bool = True) -> RunPlan:
@@ -161,6 +162,7 @@ class RunPlan:
             "deepspeed": self.deepspeed.ref if self.deepspeed else None,
             "fsdp": f"{self.fsdp.sharding} ({self.fsdp.source})" if self.fsdp else None,
             "checkpointing": self.checkpointing,
+            "checkpoint_offload": self.checkpoint_offload,
             "micro_batch": self.micro_batch,
         }
 
@@ -287,6 +289,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero, cfg, use_unsloth)
     lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero, fsdp is not None)
     ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
+    offload, reasons["checkpoint_offload"] = decide.checkpoint_offload(cfg, zero, fsdp is not None)
     fp8 = decide.fp8(cfg)
     if fp8.enabled and (small := decide.fp8_small_layers(cfg)):
         notes.append(small)
@@ -313,6 +316,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         deepspeed=ds,
         fsdp=fsdp,
         checkpointing=ckpt,
+        checkpoint_offload=offload,
         micro_batch=micro if isinstance(micro, int) else 1,
         world_size=world,
         reasons=reasons,

@@ -29,9 +29,9 @@ run's, lists every change and refuses (ConfigError, exit 2) unless each one is s
     export_size, export_device, export_overwrite, hf_hub_token;
   - speed, not results: dataloader_num_workers, ddp_timeout, overwrite_cache,
     preprocessing_num_workers, preprocessing_batch_size, gradient checkpointing
-    (gradient_checkpointing, disable_gradient_checkpointing, use_reentrant_gc, the plan's
-    checkpointing), the process count (the plan's world_size; trainer.py warns that the run will not
-    match an uninterrupted one);
+    (gradient_checkpointing, disable_gradient_checkpointing, use_reentrant_gc, use_unsloth_gc, the
+    plan's checkpointing and checkpoint_offload), the process count (the plan's world_size; trainer.py
+    warns that the run will not match an uninterrupted one);
   - on_nonfinite, nonfinite_skip_budget (a larger budget continues a run that used it up).
 Anything else (dataset, a data file's content, learning_rate, the model, LoRA settings, batch
 sizes, seed, precision, ...) changes what the checkpoint's steps would have trained. A checkpoint
@@ -96,12 +96,12 @@ SAFE_TO_CHANGE = frozenset(
     include_effective_tokens_per_second output_dir overwrite_output_dir resume_from_checkpoint dataset_dir
     tokenized_path cache_dir export_dir export_size export_device export_overwrite hf_hub_token
     dataloader_num_workers ddp_timeout overwrite_cache preprocessing_num_workers preprocessing_batch_size
-    gradient_checkpointing disable_gradient_checkpointing use_reentrant_gc on_nonfinite
+    gradient_checkpointing disable_gradient_checkpointing use_reentrant_gc use_unsloth_gc on_nonfinite
     nonfinite_skip_budget project use_swanlab swanlab_project swanlab_workspace swanlab_run_name swanlab_mode
     swanlab_api_key swanlab_logdir""".split()
 )
 SAFE_TO_RAISE = frozenset({"max_steps", "num_train_epochs"})
-SAFE_DECISIONS = frozenset({"world_size", "checkpointing"})
+SAFE_DECISIONS = frozenset({"world_size", "checkpointing", "checkpoint_offload"})
 ABSENT = "(absent)"
 
 

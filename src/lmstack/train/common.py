@@ -112,13 +112,20 @@ def enable_gradient_checkpointing(plan: RunPlan, model: Any) -> None:
     cfg = plan.cfg
     # transformers >= 5.2x renamed it activation_checkpointing_enable; older 5.x only has the old name
     kwargs = checkpoint_kwargs(cfg)
-    if hasattr(model, "activation_checkpointing_enable"):
+    if plan.checkpoint_offload:  # use_unsloth_gc: lmstack's offloaded checkpointing (models/offload_ckpt.py)
+        from lmstack.models.offload_ckpt import enable_offloaded_checkpointing
+
+        enable_offloaded_checkpointing(model, kwargs)
+    elif hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if cfg.finetuning.finetuning_type != "full":
         model.enable_input_require_grads()  # frozen embeddings: reentrant checkpoints need a grad-requiring input
-    logger.info("gradient checkpointing enabled (%s)", ", ".join(f"{k}={v}" for k, v in kwargs.items()))
+    where = ", layer inputs offloaded to CPU RAM" if plan.checkpoint_offload else ""
+    logger.info(
+        "gradient checkpointing enabled (%s%s)", ", ".join(f"{k}={v}" for k, v in kwargs.items()), where
+    )
 
 
 def tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
