@@ -2,13 +2,14 @@
 before any model work: the request models, the conversation the template can render (tool calls and
 results included), `n`/`stop`/`logprobs`/`response_format`/`tools`/`tool_choice`, `max_tokens`
 against its cap, and the prompt's size (characters before tokenizing, tokens after). Fields lmstack
-cannot honour (`functions`, `audio`, `echo`, ...) are refused by name, never ignored.
-Every refusal is an `APIError` that the server turns into OpenAI's JSON error shape."""
+cannot honour (`functions`, `audio`, `echo`, ...) are refused by name, never ignored. `image_url` parts
+are checked here (user messages only, no network URL, absolute paths) and become `<image>` in the
+text. Every refusal is an `APIError` that the server turns into OpenAI's JSON error shape."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,6 +42,21 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageURL(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class FunctionCall(BaseModel):
     model_config = ConfigDict(extra="ignore")
     name: str
@@ -57,14 +73,20 @@ class ToolCall(BaseModel):
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[Part] | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
-    def text(self) -> str:
+    def text(self, image: str = "") -> str:
+        """The text parts joined, `image` where each image part was."""
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return "".join(p.text if isinstance(p, TextPart) else image for p in self.content)
         return self.content or ""
+
+    def images(self) -> list[tuple[int, ImageURL]]:
+        """(part index, image_url) of each image part."""
+        parts = self.content if isinstance(self.content, list) else []
+        return [(j, p.image_url) for j, p in enumerate(parts) if isinstance(p, ImagePart)]
 
 
 class Function(BaseModel):
@@ -132,6 +154,8 @@ def to_conversation(req: ChatRequest) -> tuple[str | None, list[dict]]:
     """OpenAI messages -> (system, lmstack messages); 400 on what the template cannot render.
     An assistant message with tool calls becomes a `function` turn, tool results `observation`
     turns (consecutive ones joined by newlines)."""
+    from lmstack.data.mm import IMAGE_PLACEHOLDER
+
     messages = list(req.messages)
     system = None
     if messages[0].role in ("system", "developer"):
@@ -145,7 +169,8 @@ def to_conversation(req: ChatRequest) -> tuple[str | None, list[dict]]:
         elif m.role == "tool" and conv and conv[-1]["role"] == "observation":
             conv[-1]["content"] += "\n" + m.text()
         else:
-            conv.append({"role": "observation" if m.role == "tool" else m.role, "content": m.text()})
+            role = "observation" if m.role == "tool" else m.role
+            conv.append({"role": role, "content": m.text(IMAGE_PLACEHOLDER)})
     if not conv or conv[-1]["role"] not in ("user", "observation"):
         raise APIError(
             400, "messages: the last message must come from the user (or a tool)", param="messages"
@@ -157,6 +182,74 @@ def to_conversation(req: ChatRequest) -> tuple[str | None, list[dict]]:
     except ValueError as err:
         raise APIError(400, f"messages: {err}", param="messages") from None
     return system, conv
+
+
+def image_urls(req: ChatRequest) -> list[tuple[str, str]]:
+    """(where, url) of each image part, in prompt order (where: "messages[i].content[j]"); 400 for an
+    image outside a user message, a network URL, a relative path or a `detail` lmstack cannot honour."""
+    found = []
+    for i, m in enumerate(req.messages):
+        for j, image in m.images():
+            where, url = f"messages[{i}].content[{j}]", image.url
+            if m.role != "user":
+                raise APIError(
+                    400,
+                    f"{where}: image_url is allowed in user messages only (got {m.role!r})",
+                    param="messages",
+                )
+            if image.detail not in (None, "auto"):
+                raise APIError(
+                    400,
+                    f"{where}.image_url.detail: got {image.detail!r}; lmstack api sizes images by the YAML's "
+                    "image_max_pixels / image_min_pixels: leave detail out or send 'auto'",
+                    param="messages",
+                )
+            if not url.startswith("data:"):
+                _check_local(where, url)
+            found.append((where, url))
+    return found
+
+
+def _check_local(where: str, url: str) -> None:
+    from pathlib import Path
+
+    if "://" in url and not url.startswith("file://"):
+        raise APIError(
+            400,
+            f"{where}.image_url.url: {url[:80]!r}: this server reads no network (it runs offline); send the "
+            "image as a data URL (data:image/png;base64,...) or as a file on the server (/abs/path.png or "
+            "file:///abs/path.png)",
+            param="messages",
+        )
+    if not Path(url.removeprefix("file://")).is_absolute():
+        raise APIError(
+            400,
+            f"{where}.image_url.url: {url[:80]!r}: a file on the server must be given by its absolute path "
+            "(/abs/path.png or file:///abs/path.png), or send a data URL",
+            param="messages",
+        )
+
+
+def check_image_request(req: ChatRequest) -> None:
+    """What a request with images cannot ask for: replies to images are generated one at a time with
+    plain sampling (`infer/vision.py`)."""
+    if req.n != 1:
+        raise APIError(400, f"n: got {req.n}; a request with images returns one choice (n: 1)", param="n")
+    kind = (req.response_format or {}).get("type", "text")
+    for name, value in (
+        ("logprobs", req.logprobs),
+        ("tools", req.tools),
+        ("response_format", kind != "text"),
+        ("presence_penalty", req.presence_penalty),
+        ("frequency_penalty", req.frequency_penalty),
+        ("logit_bias", req.logit_bias),
+    ):
+        if value:
+            raise APIError(
+                400,
+                f"{name}: not supported in a request with images; leave it out for image requests",
+                param=name,
+            )
 
 
 def _calls_text(i: int, m: Message) -> str:

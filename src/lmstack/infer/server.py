@@ -24,6 +24,10 @@ function (the calls are read back in the template's tool format, `infer/toolcall
 function is forced: its call's prefix is written and the arguments are decoded as a JSON object),
 `presence_penalty`, `frequency_penalty`, `logit_bias`, and vLLM's `top_k` / `repetition_penalty`.
 With tools, a streamed reply comes in one piece when it ends (it may turn out to be a call).
+Images: on a Qwen2-VL / Qwen2.5-VL / LLaVA model (transformers backend), user messages may carry
+`image_url` parts (a data: URL, file:///abs/path or /abs/path: a file on the server's machine; no
+network), built into the prompt as training builds it (`infer/vision.py`); such requests run outside
+the batcher, one at a time, with one choice and plain sampling, and stream as one chunk.
 Fields it cannot honour are refused by name (`openai_request.py`); `user` and the like are accepted.
 """
 
@@ -50,9 +54,11 @@ from lmstack.infer.openai_request import (
     ChatRequest,
     CompletionRequest,
     check_completion,
+    check_image_request,
     check_prompt_chars,
     check_prompt_tokens,
     check_request,
+    image_urls,
     to_conversation,
     tool_choice,
     validation_message,
@@ -253,11 +259,17 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
     import anyio
     from fastapi import FastAPI, Request, Response
 
+    from lmstack.infer.vision import ImageRun, api_vision, check_vision
+
     app = FastAPI(title="lmstack api", docs_url=None, redoc_url=None, openapi_url=None)
     _install_error_handlers(app)
     created = int(time.time())
     gate = Gate(limits.max_batch + limits.max_queue)
     tokenizing = anyio.CapacityLimiter(1)
+    vision = api_vision(engine)
+    # Requests with images run outside the continuous batcher (it feeds no pixels): one at a time,
+    # through transformers' generate (VisionInputs.run), while the batcher keeps serving text requests.
+    imaging = anyio.CapacityLimiter(1)
 
     def tokenize_chat(conv: list[dict], system: str | None, tools: str | None, max_tokens: int) -> list[int]:
         try:
@@ -266,6 +278,24 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
             raise APIError(400, f"messages: {err}", param="messages") from None
         check_prompt_tokens(len(ids), max_tokens, limits.max_prompt_tokens, engine.max_length)
         return ids
+
+    def tokenize_images(
+        conv: list[dict], system: str | None, urls: list[tuple[str, str]], max_tokens: int
+    ) -> tuple[list[int], dict]:
+        from lmstack.infer.vision import open_image
+
+        images = []
+        for where, url in urls:
+            try:
+                images.append(open_image(url))
+            except (ValueError, OSError) as err:
+                raise APIError(400, f"{where}: {err}", param="messages") from None
+        try:
+            ids, extra = vision.prompt(conv, images, system)
+        except (ValueError, LmstackError) as err:
+            raise APIError(400, f"messages: {err}", param="messages") from None
+        check_prompt_tokens(len(ids), max_tokens, limits.max_prompt_tokens, engine.max_length)
+        return ids, extra
 
     def tokenize_texts(prompts: list[Any], max_tokens: int) -> list[list[int]]:
         out = []
@@ -312,6 +342,10 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
         req = _validate(ChatRequest, await _read_json(request))
         _check_model(req, model_name)
         max_tokens = check_request(req, *_cap(engine, limits))
+        urls = image_urls(req)
+        if urls:
+            check_vision(engine, vision, urls[0][0])
+            check_image_request(req)
         tools, forced = tool_choice(req, engine.tool_format)
         system, conv = to_conversation(req)
         check_prompt_chars(system, conv, limits.max_prompt_tokens)
@@ -323,11 +357,16 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
         reply = Reply(f"chatcmpl-{uuid.uuid4().hex}", model_name, engine.tool_format, req, forced)
 
         async def work(gone: threading.Event, release: Callable) -> tuple[Any, bool]:
-            job = functools.partial(tokenize_chat, conv, system, tools, max_tokens)
-            ids = await anyio.to_thread.run_sync(job, limiter=tokenizing)
-            if forced is not None:
-                ids = ids + engine.text_ids(reply.forced_prefix, special=False)
-            runs = Runs(engine, [(ids, s) for s in samplings], gone)
+            if urls:
+                job = functools.partial(tokenize_images, conv, system, urls, max_tokens)
+                ids, extra = await anyio.to_thread.run_sync(job, limiter=tokenizing)
+                runs: Any = ImageRun(functools.partial(vision.run, ids, extra, samplings[0], gone), imaging)
+            else:
+                job = functools.partial(tokenize_chat, conv, system, tools, max_tokens)
+                ids = await anyio.to_thread.run_sync(job, limiter=tokenizing)
+                if forced is not None:
+                    ids = ids + engine.text_ids(reply.forced_prefix, special=False)
+                runs = Runs(engine, [(ids, s) for s in samplings], gone)
             if req.stream:
                 return event_stream(reply.chat_events(runs), gone, release), True
             return reply.chat(await runs.results()), False

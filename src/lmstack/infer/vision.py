@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +21,16 @@ from lmstack.data.mm import (
     pixel_inputs,
     regularize,
 )
+from lmstack.infer.sampling import Generation, Piece, Sampling
 
 IMAGE_COMMAND = "/image "
 
 
 def open_image(source: str) -> Any:
     """A PIL image from a local path, a file:// URL or a data:image/...;base64 URL (no network)."""
-    from PIL import Image
+    import binascii
+
+    from PIL import Image, UnidentifiedImageError
 
     if source.startswith("data:"):
         head, _, data = source.partition(",")
@@ -34,7 +38,12 @@ def open_image(source: str) -> Any:
             raise ValueError(
                 f"image_url: a data URL must be base64 (data:image/png;base64,...), got {head!r}"
             )
-        return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
+        try:
+            return Image.open(io.BytesIO(base64.b64decode(data, validate=True))).convert("RGB")
+        except (binascii.Error, UnidentifiedImageError):
+            raise ValueError(
+                "image_url: the data URL holds no image that PIL reads (PNG, JPEG, WebP, ...)"
+            ) from None
     if "://" in source and not source.startswith("file://"):
         raise ValueError(
             f"image_url: {source[:60]!r}: lmstack reads no network; give a local file or a data URL"
@@ -42,8 +51,11 @@ def open_image(source: str) -> Any:
     path = Path(source.removeprefix("file://")).expanduser()
     if not path.is_file():
         raise ValueError(f"image: {path}: no such file")
-    with Image.open(path) as image:
-        return image.convert("RGB")
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except UnidentifiedImageError:
+        raise ValueError(f"image: {path}: not an image that PIL reads (PNG, JPEG, WebP, ...)") from None
 
 
 class VisionInputs:
@@ -61,6 +73,8 @@ class VisionInputs:
         self.engine, self.spec = engine, spec
         self.image_processor = load_image_processor(engine.cfg)
         self.image_token_id = engine.tokenizer.convert_tokens_to_ids(spec.tokens[1])
+        self.stop_ids = set(engine.stop_ids)
+        self.lock = threading.Lock()
 
     def prompt(
         self, messages: list[dict], images: list[Any], system: str | None = None
@@ -70,18 +84,95 @@ class VisionInputs:
         ids = self.engine.prompt_ids(inference_messages(messages, images, self.spec), system)
         return ids, pixel_inputs(images, self.spec, self.image_processor)
 
-    def generate(self, messages: list[dict], images: list[Any], system: str | None = None, **overrides: Any):
-        """One reply (an engine `Generation`) to `messages` showing `images`."""
+    def generate(
+        self,
+        messages: list[dict],
+        images: list[Any],
+        system: str | None = None,
+        cancel: Any = None,
+        **overrides: Any,
+    ) -> Generation:
+        """One reply (an engine `Generation`) to `messages` showing `images`; `overrides` as
+        `engine.sampling` takes them."""
+        ids, extra = self.prompt(messages, images, system)
+        return self.run(ids, extra, self.engine.sampling(**overrides), cancel)
+
+    def run(self, ids: list[int], extra: dict, sampling: Sampling, cancel: Any = None) -> Generation:
+        """Generates from a `prompt()` with transformers' `generate`, not the engine's continuous
+        batcher (which feeds no pixels): one image generation at a time (`self.lock`), while the
+        batcher keeps serving text. Qwen2-VL keeps its rope deltas on the model between generate
+        calls, which only these serialized calls write (the batcher passes its own position ids).
+        `cancel.is_set()` stops it at the next token."""
         import torch
 
-        ids, extra = self.prompt(messages, images, system)
-        inputs = {**self.engine._inputs(ids), **{k: v.to(self.engine.model.device) for k, v in extra.items()}}
+        unsupported = _unsupported(sampling)
+        if unsupported:
+            raise ValueError(
+                f"{unsupported}: not supported with images (replies to images use plain sampling)"
+            )
+        engine = self.engine
+        device = engine.model.device
+        input_ids = torch.tensor([ids], device=device)
+        inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+        inputs.update({k: v.to(device) for k, v in extra.items()})
         if extra and _needs_token_types(self.spec):
-            inputs["mm_token_type_ids"] = (inputs["input_ids"] == self.image_token_id).long()
-        kwargs = self.engine.generate_kwargs(**overrides)
-        with self.engine.lock, torch.inference_mode():
-            output = self.engine.model.generate(**inputs, **kwargs)
-        return self.engine._finish(len(ids), output, kwargs)
+            inputs["mm_token_type_ids"] = (input_ids == self.image_token_id).long()
+        kwargs = self._generate_kwargs(sampling, cancel)
+        with self.lock, torch.inference_mode():
+            if not sampling.greedy and sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            output = engine.model.generate(**inputs, **kwargs)
+        return self._finish(ids, output[0, len(ids) :].tolist(), sampling)
+
+    def _generate_kwargs(self, sampling: Sampling, cancel: Any) -> dict:
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        class Cancelled(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kw: Any) -> Any:
+                import torch
+
+                done = cancel is not None and cancel.is_set()
+                return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sampling.max_tokens,
+            "do_sample": not sampling.greedy,
+            "num_beams": 1,
+            "repetition_penalty": sampling.repetition_penalty,
+            "eos_token_id": sorted(self.stop_ids),
+            "pad_token_id": self.engine.tokenizer.pad_token_id,
+            "stopping_criteria": StoppingCriteriaList([Cancelled()]),
+        }
+        if not sampling.greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+        if sampling.stop:
+            kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.engine.tokenizer)
+        return kwargs
+
+    def _finish(self, ids: list[int], new: list[int], sampling: Sampling) -> Generation:
+        stopped = bool(new) and new[-1] in self.stop_ids
+        text_ids = new[:-1] if stopped else new
+        skip = self.engine.cfg.generating.skip_special_tokens
+        text = self.engine.tokenizer.decode(text_ids, skip_special_tokens=skip)
+        cuts = [i for i in (text.find(s) for s in sampling.stop) if i >= 0]
+        if cuts:
+            text, stopped = text[: min(cuts)], True
+        reason = "length" if not stopped and len(new) >= sampling.max_tokens else "stop"
+        return Generation(text, len(ids), len(new), reason)
+
+
+def _unsupported(sampling: Sampling) -> str | None:
+    """The first Sampling setting an image generation cannot honour (None: all can be)."""
+    for name, value in (
+        ("logprobs", sampling.logprobs),
+        ("presence_penalty", sampling.presence_penalty),
+        ("frequency_penalty", sampling.frequency_penalty),
+        ("logit_bias", sampling.logit_bias),
+        ("json_object", sampling.json_object),
+    ):
+        if value:
+            return name
+    return None
 
 
 def _needs_token_types(spec: MediaSpec) -> bool:
@@ -165,3 +256,53 @@ def openai_messages(messages: list[dict]) -> tuple[list[dict], list[Any]]:
                 raise ValueError(f"messages[{i}].content[{j}].type: got {kind!r}; allowed: text | image_url")
         out.append({**msg, "content": "".join(text)})
     return out, images
+
+
+# ---- the API (infer/server.py) ----------------------------------------------------------
+class ImageRun:
+    """One image request's reply, generated in a worker thread (`limiter`: one at a time); the same
+    events as `Runs` (the whole text as one piece, then the Generation), so a streamed reply comes as
+    one content chunk."""
+
+    count = 1
+
+    def __init__(self, job: Callable[[], Generation], limiter: Any):
+        self.job, self.limiter = job, limiter
+
+    async def events(self) -> AsyncIterator[tuple[int, Any]]:
+        import anyio
+
+        result = await anyio.to_thread.run_sync(self.job, limiter=self.limiter)
+        if result.text:
+            yield 0, Piece(result.text)
+        yield 0, result
+
+    async def results(self) -> list[Generation]:
+        return [event async for _, event in self.events() if isinstance(event, Generation)]
+
+
+def api_vision(engine: Any) -> VisionInputs | None:
+    """The API's image side: a vision model served by the transformers backend (None otherwise)."""
+    if getattr(engine, "name", None) != "huggingface" or media_spec(engine.cfg) is None:
+        return None
+    return VisionInputs(engine)
+
+
+def check_vision(engine: Any, vision: VisionInputs | None, where: str) -> None:
+    """400 for an image part (at `where`) that this server's model or backend cannot take."""
+    from lmstack.infer.openai_request import APIError
+
+    if vision is not None:
+        return
+    if media_spec(engine.cfg) is None:
+        raise APIError(
+            400,
+            f"{where}: image_url needs a vision-language model; this model is text-only",
+            param="messages",
+        )
+    raise APIError(
+        400,
+        f"{where}: image_url is served by infer_backend: huggingface only; this server runs "
+        f"{getattr(engine, 'name', 'another backend')}",
+        param="messages",
+    )
