@@ -62,8 +62,10 @@ def vlm_cfg(tmp_path_factory, picture) -> dict:
 
 
 @pytest.fixture(scope="module")
-def vlm_server(vlm_cfg, tmp_path_factory):
-    url, proc = start_api(tmp_path_factory.mktemp("vlm_api"), vlm_cfg, "--model-name", MODEL)
+def vlm_server(vlm_cfg, tmp_path_factory, picture):
+    url, proc = start_api(
+        tmp_path_factory.mktemp("vlm_api"), vlm_cfg, "--model-name", MODEL, "--image-dir", str(picture)
+    )
     yield url
     stop_api(proc)
 
@@ -185,7 +187,10 @@ def test_a_text_only_model_refuses_image_parts_by_position(text_server, picture)
          "this server reads no network (it runs offline); send the image as a data URL"),
         ("red.png", {}, "messages[0].content[0].image_url.url: 'red.png': a file on the server must be given by "
          "its absolute path"),
-        ("/no/such/picture.png", {}, "messages[0].content[0]: image: /no/such/picture.png: no such file"),
+        ("MISSING", {}, "messages[0].content[0]: image: "),
+        ("/etc/passwd", {}, "messages[0].content[0]: '/etc/passwd': this server reads image files only inside the "
+         "folders given with `lmstack api --image-dir DIR`"),
+        ("OUTSIDE", {}, "messages[0].content[0]: "),
         ("data:image/png;base64,bm90IGEgcGljdHVyZQ==", {}, "messages[0].content[0]: image_url: the data URL "
          "holds no image that PIL reads"),
         ("RED", {"n": 2}, "n: got 2; a request with images returns one choice (n: 1)"),
@@ -196,8 +201,18 @@ def test_a_text_only_model_refuses_image_parts_by_position(text_server, picture)
 def test_image_requests_a_vision_model_cannot_serve_are_400s_naming_the_part(
     vlm_server, picture, url, extra, expected
 ):
-    url = str(picture / "red.png") if url == "RED" else url
-    assert refusal(vlm_server, image_message(url), **extra).startswith(expected)
+    named = {
+        "RED": picture / "red.png",
+        "MISSING": picture / "missing.png",
+        "OUTSIDE": picture / ".." / "red.png",
+    }
+    url = str(named[url]) if url in named else url
+    said = refusal(vlm_server, image_message(url), **extra)
+    assert said.startswith(expected), said
+    if url.endswith("missing.png"):
+        assert said.endswith("no such file")
+    if "/../" in url:  # `..` resolves outside the allowed folder: refused before the file is looked at
+        assert "only inside the folders given with `lmstack api --image-dir DIR`" in said
 
 
 def test_an_image_outside_a_user_message_is_refused(vlm_server, picture):

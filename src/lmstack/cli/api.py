@@ -19,7 +19,9 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     api_key = args.api_key or os.environ.get("API_KEY") or None
     check_bind(args.host, api_key)  # before the model loads
-    limits = Limits(args.max_queue, args.max_prompt_tokens, args.max_tokens_limit, args.max_batch)
+    limits = Limits(
+        args.max_queue, args.max_prompt_tokens, args.max_tokens_limit, args.max_batch, tuple(args.image_dir)
+    )
     limits.check()
     cfg = load_infer_config(args.config, args.overrides)
     name = args.model_name or Path((adapter_dirs(cfg) or [cfg.model.model_name_or_path])[-1]).name
@@ -57,6 +59,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--model-name", help="model id reported by /v1/models (default: the model/adapter folder name)"
     )
     defaults = Limits()
+    p.add_argument(
+        "--image-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder whose image files requests may name by path or file:// URL (repeatable; default: "
+        "none, only data: URLs)",
+    )
     p.add_argument(
         "--max-queue",
         type=int,

@@ -43,6 +43,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -79,6 +80,7 @@ class Limits:
     max_prompt_tokens: int = 8192
     max_tokens: int | None = None
     max_batch: int = 16  # sequences decoded together (the transformers backend's batch)
+    image_dirs: tuple[str, ...] = ()  # folders whose image files a request may name (--image-dir)
 
     def check(self) -> None:
         for flag, value, low in (
@@ -255,6 +257,25 @@ class Runs:
         return [done[i] for i in range(self.count)]
 
 
+def readable_file(where: str, url: str, image_dirs: tuple[str, ...]) -> None:
+    """A request may name a file on the server only inside a folder `lmstack api --image-dir` allowed:
+    otherwise any client could make the server open (and so probe) any file its user can read. Checked
+    on the resolved path (no `..` or link escapes), before the file is looked at."""
+    path = Path(url.removeprefix("file://")).expanduser()
+    if not path.is_absolute():
+        return  # the request check names relative paths
+    resolved = path.resolve()
+    if any(resolved.is_relative_to(Path(d).resolve()) for d in image_dirs):
+        return
+    allowed = ", ".join(image_dirs) if image_dirs else "none (no --image-dir given)"
+    raise APIError(
+        400,
+        f"{where}: {str(path)[:80]!r}: this server reads image files only inside the folders given with "
+        f"`lmstack api --image-dir DIR` (now: {allowed}); send the image as a data: URL instead",
+        param="messages",
+    )
+
+
 def create_app(engine: Any, model_name: str, api_key: str | None = None, limits: Limits = Limits()) -> Any:
     import anyio
     from fastapi import FastAPI, Request, Response
@@ -286,6 +307,8 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
 
         images = []
         for where, url in urls:
+            if not url.startswith("data:"):
+                readable_file(where, url, limits.image_dirs)
             try:
                 images.append(open_image(url))
             except (ValueError, OSError) as err:
