@@ -86,6 +86,30 @@ def stage_fields(plan: RunPlan, spec: ModelSpec) -> dict:
     return out
 
 
+def _unmodelled(cfg: Config) -> tuple[str, ...]:
+    """Terms the memory model does not count for this run (a note in the table, never silence)."""
+    from lmstack.models.vision import vision_model_type
+
+    ft = cfg.finetuning
+    if not vision_model_type(cfg.model.model_name_or_path):
+        return ()
+    trains = [
+        name
+        for name, on in (
+            ("freeze_vision_tower: false", not ft.freeze_vision_tower),
+            ("freeze_multi_modal_projector: false", not ft.freeze_multi_modal_projector),
+            ("freeze_language_model: true (LoRA moves to the vision blocks)", ft.freeze_language_model),
+        )
+        if on
+    ]
+    if not trains:  # a frozen tower saves no activations for backward: its peak is one block, transient
+        return ()
+    return (
+        f"vision model with {', '.join(trains)}: the vision tower's saved activations (per image patch, per "
+        "vision block) are not modelled; the real peak is higher than shown",
+    )
+
+
 def request_from_plan(
     plan: RunPlan,
     gpus: int,
@@ -126,6 +150,7 @@ def request_from_plan(
             fields["seq_len"] = lengths.bound
     return PlanRequest(
         **fields,
+        unmodelled=_unmodelled(cfg),
         available=available,
         disk_free_gib=disk_free_gib,
         stage_fused_ce=plan.stage.fused_ce,

@@ -103,6 +103,7 @@ class PlanRequest:
     worst_seq_len: int | None = None  # seq_len with every row cutoff_len long, shown next to a data-aware one
     # what this machine can run: optional packages installed (None = assume all), free disk at output_dir
     available: frozenset[str] | None = None
+    unmodelled: tuple[str, ...] = ()  # what the memory model leaves out for this run, said as a note
     disk_free_gib: float | None = None
     # the stage's loss never needs the logits: Liger / the chunked CE can replace the head (STAGE_SPECS)
     stage_fused_ce: bool = True
@@ -379,7 +380,7 @@ def plan(req: PlanRequest) -> PlanResult:
     """Evaluate the configured setup and every candidate; recommend the fastest that fits."""
     cands = search(req, candidate_strategies(req), open_all=True)
     configured = configured_candidate(req, cands)
-    notes = []
+    notes = list(req.unmodelled)
     if req.num_gpus == 1 and req.deepspeed_stage not in (None, 0, "auto") and not req.offload_optimizer:
         notes.append("DeepSpeed ZeRO on 1 GPU partitions nothing; only its offload saves GPU memory.")
     if req.attention == "eager":
