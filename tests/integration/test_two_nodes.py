@@ -26,7 +26,7 @@ LOSS_ATOL = 1e-4  # as test_distributed.py: float32 reduction-order noise at mos
 RDZV_TIMEOUT = 5  # torchrun's static rendezvous waits 600 s by default; PET_RDZV_CONF shortens it
 
 
-def _env(tmp_path: Path, **topology: str) -> dict:
+def _env(tmp_path: Path, gpus: str = "", **topology: str) -> dict:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -36,7 +36,7 @@ def _env(tmp_path: Path, **topology: str) -> dict:
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="",
+        CUDA_VISIBLE_DEVICES=gpus,  # "": CPU and gloo; a node's own GPU(s) on CUDA
         XDG_CACHE_HOME=str(tmp_path / "xdg"),
         FORCE_TORCHRUN="1",
         MASTER_ADDR="127.0.0.1",
@@ -92,15 +92,37 @@ def _adapter(out: Path) -> dict:
     return load_file(out / "adapter_model.safetensors")
 
 
-def test_two_nodes_match_one_node_with_two_processes(base_cfg, tmp_path):
+def _two_gpus() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not _two_gpus(), reason="needs 2 CUDA GPUs")],
+        ),
+    ],
+)
+def test_two_nodes_match_one_node_with_two_processes(base_cfg, tmp_path, device):
+    """On CUDA (issue 24's 2 x H200 check) each simulated node sees one GPU of its own, and the
+    reference is one node with both GPUs; NCCL instead of gloo, the same assertions."""
     from lmstack.launch.torchrun import free_port
 
+    node_gpus, all_gpus = (("0", "1"), "0,1") if device == "cuda" else (("", ""), "")
     nodes = _cfg(base_cfg, tmp_path, "nodes")
     port = str(free_port())
     start = time.monotonic()
     procs = [
-        _train(nodes, _env(tmp_path, NNODES="2", NODE_RANK=rank, NPROC_PER_NODE="1", MASTER_PORT=port))
-        for rank in ("0", "1")
+        _train(
+            nodes,
+            _env(tmp_path, gpus, NNODES="2", NODE_RANK=rank, NPROC_PER_NODE="1", MASTER_PORT=port),
+        )
+        for rank, gpus in zip(("0", "1"), node_gpus, strict=True)
     ]
     (rc0, err0), (rc1, err1) = _wait(procs)
     two_nodes_s = time.monotonic() - start
@@ -116,7 +138,9 @@ def test_two_nodes_match_one_node_with_two_processes(base_cfg, tmp_path):
     assert sum("rank 1/2 on " in line and "local rank 0" in line for line in err1.splitlines()) == 1, err1
 
     one = _cfg(base_cfg, tmp_path, "one")
-    single = _train(one, _env(tmp_path, NNODES="1", NPROC_PER_NODE="2", MASTER_PORT=str(free_port())))
+    single = _train(
+        one, _env(tmp_path, all_gpus, NNODES="1", NPROC_PER_NODE="2", MASTER_PORT=str(free_port()))
+    )
     [(rc, err)] = _wait([single])
     assert rc == 0, err[-3000:]
 
@@ -150,6 +174,7 @@ def test_node_that_cannot_reach_the_master_fails_in_bounded_time(base_cfg, tmp_p
     port = free_port()
     env = _env(
         tmp_path,
+        "",
         NNODES="2",
         NODE_RANK=node_rank,
         NPROC_PER_NODE="1",
