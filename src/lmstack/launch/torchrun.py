@@ -4,7 +4,10 @@ When more than one GPU is visible, or `FORCE_TORCHRUN=1`, the CLI re-runs itself
 `python -m torch.distributed.run --nnodes .. --node_rank .. --nproc_per_node .. --master_addr ..
 --master_port .. -m lmstack.cli.main train <cfg.yaml> [overrides]`. The topology comes from the
 standard variables NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT (DESIGN rule 5);
-the child command is an argument list (never a shell string) and is logged.
+the child command is an argument list (never a shell string) and is logged. A node that finds no
+complete rendezvous (its master unreachable, another node missing) fails after torchrun's rendezvous
+timeout (600 s; `PET_RDZV_CONF=timeout=N`, torchrun's own variable) with one line naming the master,
+NNODES, NODE_RANK and that timeout; torchrun's error file (TORCHELASTIC_ERROR_FILE) tells it apart.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +28,7 @@ from lmstack.config.errors import ConfigError, LmstackError
 logger = logging.getLogger(__name__)
 
 DEFAULT_MULTINODE_PORT = 29500
+DEFAULT_RDZV_TIMEOUT = 600  # torchrun's static rendezvous (static_tcp_rendezvous._default_timeout_seconds)
 
 
 def under_launcher(env: Mapping[str, str] | None = None) -> bool:
@@ -169,11 +174,57 @@ def relaunch(config_path: str | Path, overrides: list[str] | dict | None, env: d
     logger.info("child command: %s", " ".join(_quote(c) for c in cmd))
     child_env = dict(env)
     child_env.pop("FORCE_TORCHRUN", None)  # the workers must not relaunch again
-    proc = subprocess.run(cmd, env=child_env, check=False)
+    with tempfile.TemporaryDirectory(prefix="lmstack_torchrun_") as tmp:
+        # torchrun writes its own exception (not a worker's) there: tells a failed rendezvous apart
+        error_file = Path(child_env.setdefault("TORCHELASTIC_ERROR_FILE", str(Path(tmp) / "error.json")))
+        before = _mtime(error_file)
+        proc = subprocess.run(cmd, env=child_env, check=False)
+        failed = proc.returncode != 0 and _mtime(error_file) != before
+        rendezvous = _rendezvous_failure(error_file) if failed else None
+    if rendezvous is not None:
+        timeout = rendezvous_timeout(env)
+        raise LmstackError(
+            f"torchrun: node {topo.node_rank} found no complete rendezvous at MASTER_ADDR:MASTER_PORT="
+            f"{topo.master_addr}:{topo.master_port} with NNODES={topo.nnodes}, NODE_RANK={topo.node_rank} "
+            f"within the rendezvous timeout of {timeout} s ({rendezvous}); start every node with the same "
+            f"MASTER_ADDR, MASTER_PORT and NNODES and its own NODE_RANK (0..{topo.nnodes - 1}), and make "
+            f"node 0 reachable at that address from this host (torchrun's PET_RDZV_CONF=timeout=N sets the "
+            "wait)"
+        )
     if proc.returncode != 0:
         raise LmstackError(
             f"torchrun exited with code {proc.returncode}; the failing rank's error is printed above"
         )
+
+
+def rendezvous_timeout(env: Mapping[str, str]) -> int:
+    """How long torchrun's static rendezvous waits for every node: `timeout` in PET_RDZV_CONF (the
+    variable of torchrun's --rdzv-conf, `key=value,...`), else torchrun's default."""
+    for item in env.get("PET_RDZV_CONF", "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "timeout" and value.strip().isdigit():
+            return int(value)
+    return DEFAULT_RDZV_TIMEOUT
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _rendezvous_failure(error_file: Path) -> str | None:
+    """The first line of torchrun's error when its rendezvous failed (its error file, written by
+    torch.distributed.elastic's @record on torchrun's main); None for any other failure."""
+    try:
+        record = json.loads(error_file.read_text())["message"]
+        stack, message = record["extraInfo"]["py_callstack"], record["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if "next_rendezvous" not in str(stack):
+        return None
+    return (str(message).strip().splitlines() or ["rendezvous failed"])[0]
 
 
 def _quote(arg: str) -> str:

@@ -153,3 +153,40 @@ def test_wrap_class_given_or_not_fsdp_is_left_alone(tiny_model):
     assert fsdp.fill_wrap_class(str(tiny_model), env=env) is None and env == {}
     env = {"ACCELERATE_USE_FSDP": "true", "FSDP_AUTO_WRAP_POLICY": "SIZE_BASED_WRAP"}
     assert fsdp.fill_wrap_class(str(tiny_model), env=env) is None
+
+
+@pytest.mark.parametrize(
+    "conf,expected",
+    [
+        ("", torchrun.DEFAULT_RDZV_TIMEOUT),  # torchrun's static rendezvous default
+        ("timeout=30", 30),
+        ("read_timeout=5, timeout=45", 45),
+        ("timeout=soon", torchrun.DEFAULT_RDZV_TIMEOUT),  # torchrun would refuse it; not a number here
+    ],
+)
+def test_rendezvous_timeout_read_as_torchrun_reads_it(conf, expected):
+    assert torchrun.rendezvous_timeout({"PET_RDZV_CONF": conf}) == expected
+
+
+def test_only_a_failed_rendezvous_is_called_one(tmp_path):
+    """torchrun's error file (its @record): the agent's rendezvous error is named; a worker's error
+    that torchrun copied there is not (the worker's own traceback is printed above)."""
+    import json
+
+    def error_file(message: str, stack: str):
+        path = tmp_path / "error.json"
+        path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": stack}}}))
+        return path
+
+    agent = error_file(
+        "DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 clients joined.\n",
+        'File "static_tcp_rendezvous.py", line 67, in next_rendezvous\n    self._store = TCPStore(',
+    )
+    assert torchrun._rendezvous_failure(agent) == (
+        "DistStoreError: Timed out after 6 seconds waiting for clients. 1/2 clients joined."
+    )
+    worker = error_file("RuntimeError: injected failure on rank 1", 'File "trainer.py", in training_step')
+    assert torchrun._rendezvous_failure(worker) is None
+    (tmp_path / "error.json").write_text("not json")
+    assert torchrun._rendezvous_failure(tmp_path / "error.json") is None
+    assert torchrun._rendezvous_failure(tmp_path / "missing.json") is None
