@@ -194,3 +194,38 @@ def test_node_that_cannot_reach_the_master_fails_in_bounded_time(base_cfg, tmp_p
     assert f"rendezvous timeout of {RDZV_TIMEOUT} s" in line, line
     assert "printed above" not in line  # no rank ran: there is no rank's error to point at
     assert not (tmp_path / "alone").exists()  # no worker started, nothing written
+
+
+def test_nodes_that_do_not_share_output_dir_stop_at_the_first_checkpoint(base_cfg, tmp_path):
+    """Without a shared file system node 0 commits checkpoints without node 1's RNG state, and a resume
+    would start the nodes at different steps: the first save stops the run, saying why."""
+    from lmstack.launch.torchrun import free_port
+
+    cfg = _cfg(base_cfg, tmp_path, "apart")
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lmstack.cli",
+                "train",
+                str(cfg),
+                f"output_dir={tmp_path / f'node{rank}'}",
+                "save_strategy=steps",
+                "save_steps=4",
+            ],
+            env=_env(tmp_path, "", NNODES="2", NODE_RANK=rank, NPROC_PER_NODE="1", MASTER_PORT=port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for rank in ("0", "1")
+    ]
+    (rc0, err0), (rc1, _) = _wait(procs)
+    assert rc0 != 0 and rc1 != 0
+    assert (
+        "is not the folder every process writes to: checkpoint-4 lacks rng_state_<rank>.pth of rank(s) 1"
+        in err0
+    )
+    assert not (tmp_path / "node0" / "checkpoint-4").exists()  # nothing a resume could pick up

@@ -297,6 +297,22 @@ class ReliableMixin:
             return str(self._lm_staging)
         return super()._get_output_dir(trial)
 
+    def _lm_check_shared(self, staged: Path) -> None:
+        """Every rank writes its RNG state into the checkpoint rank 0 commits: one that is missing means
+        that rank's output_dir is another folder (nodes without a shared file system). A resume would then
+        put the ranks at different steps and hang, so the run stops here, saying why."""
+        world = self.args.world_size
+        if world <= 1:
+            return
+        missing = [r for r in range(world) if not (staged / f"rng_state_{r}.pth").is_file()]
+        if missing:
+            raise ConfigError(
+                f"output_dir: {self.args.output_dir} is not the folder every process writes to: "
+                f"{staged.name} lacks rng_state_<rank>.pth of rank(s) {', '.join(map(str, missing))} of {world}. "
+                "Multi-node training needs one output_dir on a file system every node shares (lmstack keeps "
+                "save_on_each_node: false); give all nodes the same shared path"
+            )
+
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         if trial is not None:
             return super()._save_checkpoint(model, trial)
@@ -319,6 +335,7 @@ class ReliableMixin:
         self.accelerator.wait_for_everyone()  # every rank's files (rng_state_<rank>.pth, shards) are written
         self._lm_best_outside_staging(root, out)
         if self.args.should_save:
+            self._lm_check_shared(root / f"checkpoint-{step}")
             meta = {
                 "step": step,
                 "epoch": self.state.epoch,
