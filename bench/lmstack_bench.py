@@ -60,7 +60,7 @@ SDPA = {"enable_liger_kernel": False, "flash_attn": "sdpa"}  # last resort: no f
 
 @dataclass
 class Run:
-    system: str  # "llamafactory" | "lmstack"
+    system: str  # "llamafactory" | "lmstack" | "unsloth"
     name: str
     arch: str
     method: str
@@ -68,6 +68,7 @@ class Run:
     timeout: int
     fallbacks: list[dict] = field(default_factory=list)
     workload: str = ""  # issue 19's row name: 0.5b_full | 0.5b_lora | 7b_lora_bs8 | 7b_lora_24g
+    site: str = ""  # "uns": lmstack run inside Unsloth's environment (use_unsloth: true needs the package)
 
 
 def runs(set_name: str) -> list[Run]:
@@ -120,7 +121,28 @@ def runs(set_name: str) -> list[Run]:
         Run("lmstack", "lm_7b_lora_bs8_ckpt_fused", "qwen2.5-7b", "lora",
             {**lm(LORA, 8, 20), **fused, "gradient_checkpointing": True}, 240, [NO_LIGER], "7b_lora_24g"),
     ]  # fmt: skip
+    # issue 19: each 7B row with every peer in one call (LF tuned, Unsloth's fast path, lmstack's variants);
+    # one call per row fits the 10-minute limit. Unsloth's cfg: bench/unsloth/unsloth_run.py's arguments
+    lm7 = {**lm(LORA, 8, 20), **fused}
+    peers7_bs8 = [
+        Run("llamafactory", "lf_7b_lora_bs8", "qwen2.5-7b", "lora", lf_tuned(LORA, 8, 20, False), 240, workload="7b_lora_bs8"),
+        Run("unsloth", "uns_7b_lora_bs8", "qwen2.5-7b", "lora", {"bs": 8, "steps": 20, "ckpt": "none"}, 240, workload="7b_lora_bs8"),
+        Run("lmstack", "lm_7b_lora_bs8_fused", "qwen2.5-7b", "lora", lm7, 200, [NO_LIGER], "7b_lora_bs8"),
+        Run("lmstack", "lm_7b_lora_bs8_fp8", "qwen2.5-7b", "lora", {**lm7, "fp8": True}, 200, [NO_LIGER], "7b_lora_bs8"),
+    ]
+    peers7_24g = [
+        Run("llamafactory", "lf_7b_lora_bs8_unsloth_gc", "qwen2.5-7b", "lora",
+            {**lf_tuned(LORA, 8, 20, True), "use_unsloth_gc": True}, 240, workload="7b_lora_24g"),
+        Run("unsloth", "uns_7b_lora_bs8_gc", "qwen2.5-7b", "lora", {"bs": 8, "steps": 20, "ckpt": "unsloth"}, 240, workload="7b_lora_24g"),
+        Run("lmstack", "lm_7b_lora_bs8_ckpt_fused", "qwen2.5-7b", "lora", {**lm7, "gradient_checkpointing": True}, 200, [NO_LIGER], "7b_lora_24g"),
+        Run("lmstack", "lm_7b_lora_bs8_unsloth_gc_fp8", "qwen2.5-7b", "lora", {**lm7, "use_unsloth_gc": True, "fp8": True}, 200, [NO_LIGER], "7b_lora_24g"),
+        Run("lmstack", "lm_7b_lora_bs8_use_unsloth", "qwen2.5-7b", "lora",
+            {**lm(LORA, 8, 20), "use_unsloth": True, "enable_liger_kernel": False, "gradient_checkpointing": True}, 240,
+            workload="7b_lora_24g", site="uns"),
+    ]  # fmt: skip
     sets = {
+        "peers7_bs8": peers7_bs8,
+        "peers7_24g": peers7_24g,
         "tuned05": tuned05,
         "tuned7": tuned7,
         "default": small + big,
@@ -305,16 +327,26 @@ def stop_profile(prof, t_start: float) -> dict:
 
 
 # ---- orchestration -------------------------------------------------------------------------------
-def _env(system: str) -> dict:
+UNS_SITE = "/tmp/site_uns"  # Unsloth's pinned wheels (.whl/uns + .whl/bnb + .whl/ao), never mixed with LM_SITE
+
+
+def _env(system: str, site: str = "") -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", DISABLE_VERSION_CHECK="1",
                TOKENIZERS_PARALLELISM="false", PYTHONHASHSEED="0")  # fmt: skip
-    env["PYTHONPATH"] = LF_SITE if system == "llamafactory" else f"{LM_SITE}:{REPO / 'src'}"
+    if system == "llamafactory":
+        env["PYTHONPATH"] = LF_SITE
+    elif system == "unsloth":
+        env["PYTHONPATH"] = UNS_SITE
+    else:  # lmstack; with site "uns" inside Unsloth's environment (use_unsloth: true)
+        env["PYTHONPATH"] = f"{UNS_SITE if site == 'uns' else LM_SITE}:{REPO / 'src'}"
     return env
 
 
-def versions(system: str) -> dict:
+def versions(system: str, site: str = "") -> dict:
     names = ["torch", "transformers", "peft", "accelerate", "liger_kernel", "triton"]
-    names += ["llamafactory"] if system == "llamafactory" else ["pydantic"]
+    names += {"llamafactory": ["llamafactory"], "unsloth": ["unsloth", "unsloth_zoo", "trl", "torchao"]}.get(
+        system, ["pydantic", "torchao"]
+    )
     code = (
         "import json, importlib.metadata as m\nout = {}\n"
         f"for n in {names!r}:\n"
@@ -324,7 +356,7 @@ def versions(system: str) -> dict:
     )
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", code], env=_env(system), capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", code], env=_env(system, site), capture_output=True, text=True, timeout=60
         )
         out = json.loads(proc.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError):
@@ -362,9 +394,13 @@ def last_logged_loss(output_dir: Path) -> tuple[float | None, int | None]:
 def execute(run: Run, cfg: dict, timeout: float, log_path: Path) -> tuple[int, dict | None]:
     if run.system == "llamafactory":
         cmd = [sys.executable, str(REPO / "bench/lf/lf_run.py"), json.dumps(cfg), run.name]
+    elif run.system == "unsloth":  # the same assets: bench/unsloth/unsloth_run.py reads them itself
+        assets = str(Path(cfg["model_name_or_path"]).parent)
+        cmd = [sys.executable, str(REPO / "bench/unsloth/unsloth_run.py"), run.name, "--bs", str(cfg["bs"]),
+               "--steps", str(cfg["steps"]), "--ckpt", cfg["ckpt"], "--assets", assets, "--arch", run.arch]  # fmt: skip
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "lmstack-one", run.name, json.dumps(cfg)]
-    rc = run_killable(cmd, _env(run.system), timeout, log_path)
+    rc = run_killable(cmd, _env(run.system, run.site), timeout, log_path)
     return rc, result_from_log(log_path)
 
 
@@ -377,7 +413,8 @@ def run_all(args: argparse.Namespace) -> None:
     results = REPO / "bench/results/speed.jsonl"
     results.parent.mkdir(parents=True, exist_ok=True)
     gpu = gpu_name()
-    vers = {s: versions(s) for s in ("llamafactory", "lmstack")}
+    vers = {s: versions(s) for s in ("llamafactory", "lmstack", "unsloth")}
+    vers["lmstack_uns"] = versions("lmstack", "uns")
     print("versions", json.dumps(vers), flush=True)
     systems = set(args.systems.split(","))
     tag = "" if systems == {"llamafactory", "lmstack"} else "_" + "_".join(sorted(systems))
@@ -391,7 +428,7 @@ def run_all(args: argparse.Namespace) -> None:
             "dataset_dir": f"{args.assets}/data",
         }
         line = {"system": run.system, "model": run.arch, "method": run.method, "run_id": run_id, "name": run.name,
-                "workload": run.workload or None, "gpu": gpu, "versions": vers[run.system]}  # fmt: skip
+                "workload": run.workload or None, "gpu": gpu, "versions": vers["lmstack_uns" if run.site == "uns" else run.system]}  # fmt: skip
         overrides = [{}, *run.fallbacks]
         if sticky is not None and run.fallbacks:  # what rescued an earlier run goes first
             overrides = [sticky] + [o for o in overrides if o != sticky]
@@ -465,7 +502,7 @@ def main() -> None:
     a.add_argument(
         "--set",
         default="default",
-        choices=["default", "small", "full05", "big", "lmstack", "smoke", "compile", "tuned05", "tuned7", "fp8",
+        choices=["default", "small", "full05", "big", "lmstack", "smoke", "compile", "tuned05", "tuned7", "peers7_bs8", "peers7_24g", "fp8",
                  "fp8_compile"],  # fmt: skip
     )
     a.add_argument("--budget", type=float, default=540, help="seconds for all runs together")
