@@ -15,7 +15,8 @@ def cmd_api(args: argparse.Namespace) -> int:
     require("serve", "lmstack api")  # fastapi + uvicorn, before the model loads
     from lmstack.infer.engine import adapter_dirs, load_infer_config
     from lmstack.infer.engines import check_backend, load_engine
-    from lmstack.infer.server import Limits, check_bind, serve
+    from lmstack.infer.limits import Limits, check_bind
+    from lmstack.infer.server import serve
 
     api_key = args.api_key or os.environ.get("API_KEY") or None
     check_bind(args.host, api_key)  # before the model loads
@@ -32,7 +33,7 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from lmstack.infer.server import MIN_KEY_CHARS, Limits
+    from lmstack.infer.limits import MIN_KEY_CHARS, Limits
 
     p = sub.add_parser(
         "api",

@@ -38,7 +38,7 @@ def _pair(text: str, where: str) -> tuple[str, str]:
 
 
 def check_bind(host: str, auth: list[tuple[str, str]]) -> None:
-    from lmstack.infer.server import is_loopback
+    from lmstack.infer.limits import is_loopback
 
     if not is_loopback(host) and not auth:
         raise ConfigError(

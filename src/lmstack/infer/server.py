@@ -25,8 +25,8 @@ function is forced: its call's prefix is written and the arguments are decoded a
 `presence_penalty`, `frequency_penalty`, `logit_bias`, and vLLM's `top_k` / `repetition_penalty`.
 With tools, a streamed reply comes in one piece when it ends (it may turn out to be a call).
 Images: on a Qwen2-VL / Qwen2.5-VL / LLaVA model (transformers backend), user messages may carry
-`image_url` parts (a data: URL, file:///abs/path or /abs/path: a file on the server's machine; no
-network), built into the prompt as training builds it (`infer/vision.py`); such requests run outside
+`image_url` parts (a data: URL, or file:///abs/path or /abs/path inside a folder given with
+`--image-dir`; no network), built into the prompt as training builds it (`infer/vision.py`); such requests run outside
 the batcher, one at a time, with one choice and plain sampling, and stream as one chunk.
 Fields it cannot honour are refused by name (`openai_request.py`); `user` and the like are accepted.
 """
@@ -34,22 +34,20 @@ Fields it cannot honour are refused by name (`openai_request.py`); `user` and th
 import asyncio
 import functools
 import hmac
-import ipaddress
 import json
 import logging
-import socket
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 
-from lmstack.config.errors import ConfigError, LmstackError
+from lmstack.config.errors import LmstackError
 from lmstack.infer.admission import Gate, event_stream, until_disconnect
+from lmstack.infer.limits import Limits, bind_socket, check_bind, readable_file
 from lmstack.infer.openai_request import (
     APIError,
     ChatRequest,
@@ -64,58 +62,11 @@ from lmstack.infer.openai_request import (
     tool_choice,
     validation_message,
 )
-from lmstack.infer.sampling import Generation, Piece, Sampling, TokenLogprob
+from lmstack.infer.replies import Reply
+from lmstack.infer.sampling import Generation, Sampling
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
-MIN_KEY_CHARS = 16
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds of one server (`lmstack api` flags). `max_tokens` None: the YAML's `max_new_tokens`
-    (which is also the default of a request's max_tokens)."""
-
-    max_queue: int = 16  # requests that may wait while `max_batch` generate; one more gets a 503
-    max_prompt_tokens: int = 8192
-    max_tokens: int | None = None
-    max_batch: int = 16  # sequences decoded together (the transformers backend's batch)
-    image_dirs: tuple[str, ...] = ()  # folders whose image files a request may name (--image-dir)
-
-    def check(self) -> None:
-        for flag, value, low in (
-            ("--max-queue", self.max_queue, 0),
-            ("--max-prompt-tokens", self.max_prompt_tokens, 1),
-            ("--max-tokens-limit", self.max_tokens, 1),
-            ("--max-batch", self.max_batch, 1),
-        ):
-            if value is not None and value < low:
-                raise ConfigError(f"{flag}: got {value}; give an integer of at least {low}")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, api_key: str | None) -> None:
-    if is_loopback(host):
-        return
-    if not api_key:
-        raise ConfigError(
-            f"--host: {host} is reachable from other machines, so an API key is required; pass "
-            "--api-key KEY or set API_KEY (clients send `Authorization: Bearer KEY`), or bind 127.0.0.1"
-        )
-    if len(api_key) < MIN_KEY_CHARS:
-        raise ConfigError(
-            f"--api-key: the key has {len(api_key)} characters; on {host}, reachable from other machines, "
-            f"it needs at least {MIN_KEY_CHARS} (make one with: python -c 'import secrets; "
-            "print(secrets.token_urlsafe(24))'), or bind 127.0.0.1"
-        )
 
 
 async def _read_json(request: Any) -> Any:
@@ -255,25 +206,6 @@ class Runs:
             if isinstance(event, Generation):
                 done[index] = event
         return [done[i] for i in range(self.count)]
-
-
-def readable_file(where: str, url: str, image_dirs: tuple[str, ...]) -> None:
-    """A request may name a file on the server only inside a folder `lmstack api --image-dir` allowed:
-    otherwise any client could make the server open (and so probe) any file its user can read. Checked
-    on the resolved path (no `..` or link escapes), before the file is looked at."""
-    path = Path(url.removeprefix("file://")).expanduser()
-    if not path.is_absolute():
-        return  # the request check names relative paths
-    resolved = path.resolve()
-    if any(resolved.is_relative_to(Path(d).resolve()) for d in image_dirs):
-        return
-    allowed = ", ".join(image_dirs) if image_dirs else "none (no --image-dir given)"
-    raise APIError(
-        400,
-        f"{where}: {str(path)[:80]!r}: this server reads image files only inside the folders given with "
-        f"`lmstack api --image-dir DIR` (now: {allowed}); send the image as a data: URL instead",
-        param="messages",
-    )
 
 
 def create_app(engine: Any, model_name: str, api_key: str | None = None, limits: Limits = Limits()) -> Any:
@@ -445,221 +377,6 @@ def _busy(gate: Gate, limits: Limits) -> APIError:
         code="queue_full",
         headers={"Retry-After": str(wait)},
     )
-
-
-def _usage(prompt_tokens: int, results: list[Generation]) -> dict:
-    completion = sum(r.completion_tokens for r in results)
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion,
-        "total_tokens": prompt_tokens + completion,
-    }
-
-
-def _chat_logprobs(entries: list[TokenLogprob]) -> dict:
-    def one(token: str, logprob: float) -> dict:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
-
-    return {
-        "content": [
-            {**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, _, lp in e.top]} for e in entries
-        ]
-    }
-
-
-def _text_logprobs(entries: list[TokenLogprob], offset: int) -> dict:
-    offsets = []
-    for e in entries:
-        offsets.append(offset)
-        offset += len(e.token)
-    return {
-        "tokens": [e.token for e in entries],
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{t: lp for t, _, lp in e.top} for e in entries],
-        "text_offset": offsets,
-    }
-
-
-class Reply:
-    """Builds one request's responses (plain or SSE chunks) from its sequences' results."""
-
-    def __init__(self, reply_id: str, model: str, tool_format: str, req: Any, forced: str | None):
-        self.id, self.model, self.tool_format, self.req, self.forced = (
-            reply_id,
-            model,
-            tool_format,
-            req,
-            forced,
-        )
-        self.created = int(time.time())
-        self.prompt_tokens = 0
-        self.tools = bool(getattr(req, "tools", None)) and getattr(req, "tool_choice", None) != "none"
-        self.forced_prefix = ""
-        if forced is not None:
-            from lmstack.infer.toolcalls import forced_call_text
-
-            self.forced_prefix = forced_call_text(tool_format, forced)[0]
-
-    # ---- chat -----------------------------------------------------------------------------
-    def message(self, result: Generation) -> tuple[dict, str]:
-        """(message, finish_reason), with tool calls read from the text when tools are on."""
-        from lmstack.infer.toolcalls import parse_tool_calls
-
-        content: str | None = result.text
-        calls: list = []
-        if self.forced is not None:
-            try:
-                calls, content = [(self.forced, json.loads(result.text))], None
-            except ValueError:  # cut by max_tokens: the arguments are incomplete
-                return {"role": "assistant", "content": result.text}, result.finish_reason
-        elif self.tools:
-            content, calls = parse_tool_calls(self.tool_format, result.text)
-            if self.req.parallel_tool_calls is False:
-                calls = calls[:1]
-            content = content or None if calls else content
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if not calls:
-            return message, result.finish_reason
-        message["tool_calls"] = [
-            {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
-            }
-            for name, args in calls
-        ]
-        return message, "tool_calls"
-
-    def chat(self, results: list[Generation]) -> dict:
-        choices = []
-        for i, result in enumerate(results):
-            message, finish = self.message(result)
-            choice = {"index": i, "message": message, "finish_reason": finish, "logprobs": None}
-            if result.logprobs is not None:
-                choice["logprobs"] = _chat_logprobs(result.logprobs)
-            choices.append(choice)
-        prompt = results[0].prompt_tokens if results else 0
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": _usage(prompt, results),
-        }
-
-    def _chunk(self, kind: str, choices: list, **extra: Any) -> str:
-        body = {
-            "id": self.id,
-            "object": kind,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        }
-        return f"data: {json.dumps({**body, **extra}, ensure_ascii=False)}\n\n"
-
-    async def chat_events(self, runs: Runs) -> AsyncIterator[str]:
-        """Per choice: a role chunk, content chunks, a finish chunk; then [usage], [DONE]."""
-        kind = "chat.completion.chunk"
-        usage = bool((self.req.stream_options or {}).get("include_usage"))
-        buffered = self.tools or self.forced is not None  # the reply may be a call: sent whole at its end
-
-        def delta(i: int, content: dict, finish: str | None = None, logprobs: Any = None) -> str:
-            return self._chunk(
-                kind, [{"index": i, "delta": content, "logprobs": logprobs, "finish_reason": finish}]
-            )
-
-        results: dict[int, Generation] = {}
-        try:
-            for i in range(runs.count):
-                yield delta(i, {"role": "assistant", "content": ""})
-            async for i, event in runs.events():
-                if isinstance(event, Piece):
-                    if not buffered:
-                        lp = _chat_logprobs(event.logprobs) if self.req.logprobs else None
-                        yield delta(i, {"content": event.text}, logprobs=lp)
-                    continue
-                results[i] = event
-                if buffered:
-                    message, finish = self.message(event)
-                    message.pop("role")
-                    lp = _chat_logprobs(event.logprobs) if event.logprobs is not None else None
-                    if message.get("tool_calls"):
-                        for j, call in enumerate(message["tool_calls"]):
-                            call["index"] = j
-                    yield delta(i, {k: v for k, v in message.items() if v is not None}, logprobs=lp)
-                    yield delta(i, {}, finish)
-                else:
-                    yield delta(i, {}, event.finish_reason)
-            if usage:
-                ordered = [results[i] for i in sorted(results)]
-                prompt = ordered[0].prompt_tokens if ordered else 0
-                yield self._chunk(kind, [], usage=_usage(prompt, ordered))
-        except Exception as exc:  # the response has started: report in-band
-            logger.error("stream failed: %s", exc, exc_info=exc)
-            failed = {
-                "error": {"message": f"generation failed ({type(exc).__name__})", "type": "server_error"}
-            }
-            yield f"data: {json.dumps(failed)}\n\n"
-        yield "data: [DONE]\n\n"
-
-    # ---- completions ----------------------------------------------------------------------
-    def completion(self, results: list[Generation]) -> dict:
-        choices = [
-            {
-                "index": i,
-                "text": r.text,
-                "logprobs": None if r.logprobs is None else _text_logprobs(r.logprobs, 0),
-                "finish_reason": r.finish_reason,
-            }
-            for i, r in enumerate(results)
-        ]
-        return {
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-            "usage": _usage(self.prompt_tokens, results),
-        }
-
-    async def completion_events(self, runs: Runs) -> AsyncIterator[str]:
-        kind = "text_completion"
-        usage = bool((self.req.stream_options or {}).get("include_usage"))
-        results, offsets = [], [0] * runs.count
-        try:
-            async for i, event in runs.events():
-                if isinstance(event, Piece):
-                    lp = _text_logprobs(event.logprobs, offsets[i]) if self.req.logprobs is not None else None
-                    offsets[i] += len(event.text)
-                    choice = {"index": i, "text": event.text, "logprobs": lp, "finish_reason": None}
-                else:
-                    results.append(event)
-                    choice = {"index": i, "text": "", "logprobs": None, "finish_reason": event.finish_reason}
-                yield self._chunk(kind, [choice])
-            if usage:
-                yield self._chunk(kind, [], usage=_usage(self.prompt_tokens, results))
-        except Exception as exc:
-            logger.error("stream failed: %s", exc, exc_info=exc)
-            failed = {
-                "error": {"message": f"generation failed ({type(exc).__name__})", "type": "server_error"}
-            }
-            yield f"data: {json.dumps(failed)}\n\n"
-        yield "data: [DONE]\n\n"
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-    except OSError as err:
-        raise ConfigError(
-            f"--host/--port: cannot listen on {host}:{port} ({err}); try --port 0 for any free port"
-        ) from None
-    sock.listen(128)
-    return sock
 
 
 def serve(

@@ -18,8 +18,9 @@ from fastapi.testclient import TestClient
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
+from lmstack.infer.limits import Limits, bind_socket, check_bind, is_loopback
 from lmstack.infer.sampling import Generation, Piece, Sampling
-from lmstack.infer.server import Limits, bind_socket, check_bind, create_app, is_loopback
+from lmstack.infer.server import create_app
 
 LONG_KEY = "k" * 16
 
