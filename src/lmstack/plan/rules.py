@@ -44,6 +44,10 @@ def unsloth_supported(plan: RunPlan) -> str | None:
         problems.append("adapter_name_or_path (lmstack starts Unsloth's LoRA fresh)")
     if cfg.model.train_from_scratch:
         problems.append("train_from_scratch (Unsloth loads pretrained weights)")
+    from lmstack.models.vision import vision_model_type
+
+    if vision_model_type(cfg.model.model_name_or_path):
+        problems.append("a vision-language model (lmstack loads those through transformers, not Unsloth)")
     if problems:
         raise ConfigError(
             "use_unsloth: true does not support "

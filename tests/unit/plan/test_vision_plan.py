@@ -35,3 +35,18 @@ def test_a_training_vision_tower_is_named_as_not_modelled(vlm):
 
 def test_a_frozen_tower_needs_no_such_note(vlm):
     assert not [n for n in notes_for(vlm) if "vision tower" in n]
+
+
+def test_use_unsloth_on_a_vision_model_is_refused_by_name(vlm):
+    from dataclasses import replace
+
+    from lmstack.launch.context import LaunchContext
+    from lmstack.plan.rules import check_rules
+    from lmstack.plan.runplan import RunPlan
+
+    ctx = replace(LaunchContext(), cuda=True, gpu_count=1, gpu_memory_gib=80.0, bf16_supported=True,
+                  packages=frozenset({"unsloth"}))  # fmt: skip
+    cfg = build_config({"model_name_or_path": str(vlm), "template": "qwen2_vl", "dataset": "alpaca_en_demo",
+                        "dataset_dir": str(DATA), "output_dir": "o", "use_unsloth": True})  # fmt: skip
+    problems = check_rules(RunPlan.resolve(cfg, ctx), True)[1]
+    assert any("use_unsloth: true does not support a vision-language model" in p for p in problems), problems
