@@ -18,6 +18,20 @@ logger = logging.getLogger("lmstack")
 EXTRA_COMMANDS: tuple[str, ...] = ("check", "export", "chat", "api", "env", "webui")
 
 
+class SourceFormatter(logging.Formatter):
+    """`[lmstack] LEVEL message` for lmstack's own records; another library's records carry its name
+    (`[torchao] WARNING ...`), so a third-party warning never reads as lmstack's."""
+
+    def __init__(self, rank_tag: str = ""):
+        super().__init__("%(levelname)s %(message)s")
+        self.rank_tag = rank_tag
+
+    def format(self, record: logging.LogRecord) -> str:
+        source = record.name.split(".", 1)[0]
+        source = "lmstack" if source in ("lmstack", "root", "__main__") else source
+        return f"[{source}{self.rank_tag}] {super().format(record)}"
+
+
 def setup_logging(verbose: bool = False) -> None:
     from lmstack.launch.context import topology
 
@@ -26,8 +40,10 @@ def setup_logging(verbose: bool = False) -> None:
     level = logging.DEBUG if verbose else logging.INFO
     if rank != "0":
         level = logging.WARNING
-    fmt = "[lmstack%s] %%(levelname)s %%(message)s" % ("" if rank == "0" else f" rank{rank}")
-    logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
+    tag = "" if rank == "0" else f" rank{rank}"
+    logging.basicConfig(level=level, stream=sys.stderr, force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(SourceFormatter(tag))
     for noisy in ("httpx", "urllib3", "filelock", "datasets", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from lmstack.config import secrets
