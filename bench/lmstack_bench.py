@@ -141,6 +141,7 @@ def runs(set_name: str) -> list[Run]:
             workload="7b_lora_24g", site="uns"),
     ]  # fmt: skip
     sets = {
+        "peers7": peers7_bs8 + peers7_24g,  # both 7B rows; a second call with --skip-done finishes them
         "peers7_bs8": peers7_bs8,
         "peers7_24g": peers7_24g,
         "tuned05": tuned05,
@@ -327,6 +328,7 @@ def stop_profile(prof, t_start: float) -> dict:
 
 
 # ---- orchestration -------------------------------------------------------------------------------
+DONE_FILE = "/tmp/speed_done.jsonl"  # every line of this machine's calls: --skip-done survives a re-sent tree
 UNS_SITE = "/tmp/site_uns"  # Unsloth's pinned wheels (.whl/uns + .whl/bnb + .whl/ao), never mixed with LM_SITE
 
 
@@ -419,8 +421,9 @@ def run_all(args: argparse.Namespace) -> None:
     systems = set(args.systems.split(","))
     tag = "" if systems == {"llamafactory", "lmstack"} else "_" + "_".join(sorted(systems))
     sticky: dict | None = None  # a fallback that rescued one lmstack run is tried first for the next
+    done = made_runs(run_id, [results, Path(DONE_FILE)]) if args.skip_done else set()
     for run in runs(args.set):
-        if run.system not in systems:
+        if run.system not in systems or run.name in done:
             continue
         base = {
             **run.cfg,
@@ -464,14 +467,27 @@ def run_all(args: argparse.Namespace) -> None:
         line["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         text = json.dumps(line)
         print("LINE", text, flush=True)
-        with results.open("a") as fh:
-            fh.write(text + "\n")
+        for path in (results, Path(DONE_FILE)):
+            with path.open("a") as fh:
+                fh.write(text + "\n")
         if out_dir is not None:  # what comes back from the GPU machine, refreshed after every run
             with (out_dir / f"speed{tag}.jsonl").open("a") as fh:
                 fh.write(text + "\n")
             with tarfile.open(out_dir / f"bench_logs{tag}.tar.gz", "w:gz") as tar:
                 tar.add(logs, arcname=logs.name)
     summarize(results, run_id)
+
+
+def made_runs(run_id: str, paths: list[Path]) -> set[str]:
+    """Names of the runs of `run_id` already made (ok or failed; not those skipped for the budget)."""
+    names = set()
+    for path in paths:
+        if path.is_file():
+            for text in path.read_text().splitlines():
+                row = json.loads(text) if text.strip() else {}
+                if row.get("run_id") == run_id and row.get("status") in ("ok", "failed"):
+                    names.add(row["name"])
+    return names
 
 
 def summarize(results: Path, run_id: str) -> None:
@@ -502,11 +518,13 @@ def main() -> None:
     a.add_argument(
         "--set",
         default="default",
-        choices=["default", "small", "full05", "big", "lmstack", "smoke", "compile", "tuned05", "tuned7", "peers7_bs8", "peers7_24g", "fp8",
+        choices=["default", "small", "full05", "big", "lmstack", "smoke", "compile", "tuned05", "tuned7", "peers7", "peers7_bs8", "peers7_24g", "fp8",
                  "fp8_compile"],  # fmt: skip
     )
     a.add_argument("--budget", type=float, default=540, help="seconds for all runs together")
     a.add_argument("--run-id", default=None)
+    a.add_argument("--skip-done", action="store_true",
+                   help=f"skip runs of this --run-id already made (ok or failed) in speed.jsonl or {DONE_FILE}")  # fmt: skip
     a.add_argument(
         "--systems",
         default="llamafactory,lmstack",

@@ -184,6 +184,7 @@ PAIR = dict(dataset="synth_pref", packing=False, cutoff_len=1024, pref_beta=0.1)
 S05, S15, S7 = "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"
 GRPO = dict(stage="grpo", dataset="synth", packing=False, cutoff_len=512, max_new_tokens=256, num_generations=4,
             reward_funcs="REWARD", pref_beta=0.04, temperature=1.0)  # fmt: skip
+EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # `_env`: the run's process environment
 # name, arch, overrides, runs on a CPU in --dry-run; ordered by what matters most if the budget runs out
 STAGES = [
     (
@@ -196,18 +197,6 @@ STAGES = [
         "dpo_0.5b_lora_mb4",
         S05,
         dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=4),
-        True,
-    ),
-    (
-        "dpo_7b_lora_mb2",
-        S7,
-        dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=2),
-        True,
-    ),
-    (
-        "sft_unpacked_7b_lora_mb4",
-        S7,
-        dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=4),
         True,
     ),
     (
@@ -238,6 +227,31 @@ STAGES = [
     ),
     ("grpo_0.5b_lora_mb8", S05, dict(**GRPO, **LORA, per_device_train_batch_size=8), True),
     (
+        "dpo_7b_lora_mb2",
+        S7,
+        dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=2),
+        True,
+    ),
+    (
+        "sft_unpacked_7b_lora_mb4",
+        S7,
+        dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=4),
+        True,
+    ),
+    (
+        "qlora4_unpacked_0.5b_mb8",
+        S05,
+        dict(stage="sft", **LORA, **UNPACKED, quantization_bit=4, per_device_train_batch_size=8),
+        False,
+    ),  # fmt: skip
+    (
+        "sft_unpacked_0.5b_lora_mb8_expandable",
+        S05,
+        dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=8, _env=EXPANDABLE),
+        True,
+    ),  # the caching allocator's reserved peak on padded rows of changing width, with expandable segments
+    ("fp8_7b_lora_mb4", S7, dict(stage="sft", **LORA, per_device_train_batch_size=4, fp8=True), False),
+    (
         "dpo_0.5b_full_mb4",
         S05,
         dict(
@@ -255,12 +269,6 @@ STAGES = [
         S05,
         dict(stage="sft", finetuning_type="full", **UNPACKED, per_device_train_batch_size=4),
         True,
-    ),  # fmt: skip
-    (
-        "qlora4_unpacked_0.5b_mb8",
-        S05,
-        dict(stage="sft", **LORA, **UNPACKED, quantization_bit=4, per_device_train_batch_size=8),
-        False,
     ),  # fmt: skip
     (
         "dpo_1.5b_lora_mb4",
@@ -383,12 +391,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_child(cfg: dict, timeout: float, log: Path) -> dict:
+def run_child(cfg: dict, timeout: float, log: Path, env: dict | None = None) -> dict:
     spec = json.dumps({"config": cfg, "port": free_port()})
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from benchproc import result_from_log, run_killable
 
-    rc = run_killable([sys.executable, __file__, "--child", spec], dict(os.environ), timeout, log)
+    rc = run_killable([sys.executable, __file__, "--child", spec], {**os.environ, **(env or {})}, timeout, log)
     got = result_from_log(log)
     if got is None:
         tail = log.read_text(errors="replace")[-1500:]
@@ -483,6 +491,8 @@ def main_stages(args) -> None:
             subprocess.run([sys.executable, str(Path(__file__).with_name("make_assets.py")), str(assets), arch],
                            check=True)  # fmt: skip
             prepare_data(assets / "data")  # make_assets rewrote dataset_info.json
+        overrides = dict(overrides)
+        env = overrides.pop("_env", {})
         cfg = stage_config(assets, work, name, arch, overrides, steps)
         if args.dry_run:
             cfg.update(model_name_or_path=models[arch], bf16=False, cutoff_len=min(cfg["cutoff_len"], 256),
@@ -490,8 +500,10 @@ def main_stages(args) -> None:
         predicted, lengths = predict_stage(cfg, gpu_gib)  # before the run: a prediction, not a fit
         measured: dict = {"status": "predicted only (dry run, needs a GPU)"}
         if cpu_ok or not args.dry_run:
-            measured = run_child(cfg, min(args.timeout, left - 10), work / f"{name}.log")
+            measured = run_child(cfg, min(args.timeout, left - 10), work / f"{name}.log", env)
         row = local_row(name, arch, cfg, predicted, lengths, measured, gpu)
+        if env:
+            row["env"] = env
         summary = merge(out, [row])
         print(f"{name:30s} pred {row['predicted_gib']:8.3f} meas {row.get('measured_gib', '-')!s:>8} "
               f"err% {row.get('error_pct', '-')!s:>6} res {row.get('reserved_gib', '-')!s:>8} "

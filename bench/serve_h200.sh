@@ -7,8 +7,8 @@
 set -uo pipefail
 ARCHS=${1:-qwen2.5-0.5b,qwen2.5-7b}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_serve .whl/serve/*.whl
-export PYTHONPATH=/tmp/site_serve:$PWD/src HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+[ -f /tmp/site_serve/.done ] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_serve .whl/serve/*.whl
+export PYTHONPATH=/tmp/site_serve:/tmp/site_lm:$PWD/src HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 CUDA_VISIBLE_DEVICES=0 python3 bench/make_assets.py /tmp/assets "$ARCHS" 2>&1 | grep -v Writing | tail -3
 VLLM=$(python3 -c 'import vllm' 2>/dev/null && echo yes || echo no)
 for arch in ${ARCHS//,/ }; do

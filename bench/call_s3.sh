@@ -1,0 +1,54 @@
+#!/bin/bash
+# One resumable H200 call for the open GPU measurements (issues 19, 20, 22); the same command again on a
+# warm machine continues where the last stopped (each phase skips what it already made):
+#   1. issue 19: both 7B rows with every peer, one run_id (bench/lmstack_bench.py --set peers7 --skip-done)
+#   2. issue 22: 32 concurrent chats against `lmstack api` on the 0.5B (bench/serve_h200.sh), once
+#   3. issue 20: the planner's predicted stage runs (bench/plan_accuracy.py --skip-done, its JSON kept in
+#      /tmp so a re-sent tree does not reset it)
+# carry: .whl (all of lf, liger, lm, bnb, ao, uns, serve: ~53 MB). Results under $OUT.
+#   RID=... bash bench/call_s3.sh [TOTAL_S]
+set -u
+T0=$(date +%s)
+TOTAL=${1:-570}
+left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DISABLE_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
+export TORCH_CUDA_ARCH_LIST=9.0
+O=${OUT:-/tmp/out_local}; mkdir -p "$O"
+RID=${RID:-s3-20261201}
+pip_t() {  # once per machine: a marker per target
+  t=$1; shift
+  [ -f "$t/.done" ] && return
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$t" "$@" \
+    >"/tmp/pip_$(basename "$t").log" 2>&1 && touch "$t/.done" || { echo "install $t failed"; tail -5 "/tmp/pip_$(basename "$t").log"; }
+}
+pip_t /tmp/site .whl/lf/*.whl .whl/liger/*.whl
+pip_t /tmp/site_lm .whl/lm/*.whl .whl/bnb/*.whl .whl/ao/*.whl
+pip_t /tmp/site_uns .whl/uns/*.whl .whl/bnb/*.whl .whl/ao/*.whl
+pip_t /tmp/site_serve .whl/serve/*.whl
+[ -f /tmp/assets/qwen2.5-7b/config.json ] || python3 bench/make_assets.py /tmp/assets qwen2.5-7b,qwen2.5-0.5b 2>&1 | grep -v Writing | tail -1
+echo "setup done, $(left)s left"
+
+# 1. the 7B speed rows
+if [ "$(left)" -gt 120 ]; then
+  python3 bench/lmstack_bench.py all --assets /tmp/assets --set peers7 --systems llamafactory,lmstack,unsloth \
+    --run-id "$RID" --skip-done --budget $(( $(left) - 20 )) --logs /tmp/bench_logs 2>&1 | grep -v "^\[" | tail -25
+  cp /tmp/speed_done.jsonl "$O/speed_done.jsonl" 2>/dev/null
+fi
+echo "speed phase done, $(left)s left"
+
+# 2. serving, 0.5B (transformers backend, batch 32 and one at a time)
+if [ ! -f /tmp/serve05.done ] && [ "$(left)" -gt 200 ]; then
+  OUT=/tmp/serve_out timeout $(( $(left) - 20 )) bash bench/serve_h200.sh qwen2.5-0.5b 2>&1 | tail -8 && touch /tmp/serve05.done
+  cp /tmp/serve_out/* "$O/" 2>/dev/null
+fi
+echo "serve phase done, $(left)s left"
+
+# 3. planner accuracy, predicted before measured
+if [ "$(left)" -gt 100 ]; then
+  [ -f /tmp/plan_accuracy.json ] || cp bench/results/plan_accuracy.json /tmp/plan_accuracy.json
+  PYTHONPATH=/tmp/site_lm:$PWD/src python3 bench/plan_accuracy.py /tmp/assets --skip-done --out /tmp/plan_accuracy.json \
+    --budget $(( $(left) - 15 )) 2>&1 | grep -v "^\[lmstack\]\|Writing model shards" | tail -25
+  cp /tmp/plan_accuracy.json "$O/"
+  (cd /tmp/plan_acc && tar czf "$O/plan_acc_logs.tar.gz" ./*.log 2>/dev/null)
+fi
+echo "done $(( $(date +%s) - T0 ))s"
