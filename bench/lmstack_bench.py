@@ -479,13 +479,13 @@ def run_all(args: argparse.Namespace) -> None:
 
 
 def made_runs(run_id: str, paths: list[Path]) -> set[str]:
-    """Names of the runs of `run_id` already made (ok or failed; not those skipped for the budget)."""
+    """Names of the runs of `run_id` already made (ok; a failed or skipped run is made again)."""
     names = set()
     for path in paths:
         if path.is_file():
             for text in path.read_text().splitlines():
                 row = json.loads(text) if text.strip() else {}
-                if row.get("run_id") == run_id and row.get("status") in ("ok", "failed"):
+                if row.get("run_id") == run_id and row.get("status") == "ok":
                     names.add(row["name"])
     return names
 
@@ -524,7 +524,7 @@ def main() -> None:
     a.add_argument("--budget", type=float, default=540, help="seconds for all runs together")
     a.add_argument("--run-id", default=None)
     a.add_argument("--skip-done", action="store_true",
-                   help=f"skip runs of this --run-id already made (ok or failed) in speed.jsonl or {DONE_FILE}")  # fmt: skip
+                   help=f"skip runs of this --run-id already made (ok) in speed.jsonl or {DONE_FILE}")  # fmt: skip
     a.add_argument(
         "--systems",
         default="llamafactory,lmstack",
