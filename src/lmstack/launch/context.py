@@ -3,8 +3,9 @@ hardware and optional packages it sees (DESIGN "The run plan").
 
 Everything the YAML alone does not say lives here: the process topology (RANK, LOCAL_RANK,
 WORLD_SIZE, NODE_RANK, NNODES, FORCE_TORCHRUN), an accelerate FSDP launch (ACCELERATE_USE_FSDP and
-its FSDP_* variables), CUDA facts (devices, memory, bf16 support) and which optional accelerator
-packages are importable. The run plan (plan/runplan.py) and every part below it read this frozen
+its FSDP_* variables), the user's own CUDA caching-allocator settings (PYTORCH_ALLOC_CONF /
+PYTORCH_CUDA_ALLOC_CONF: they win over the plan's allocator decision), CUDA facts (devices, memory, bf16
+support) and which optional accelerator packages are importable. The run plan (plan/runplan.py) and every part below it read this frozen
 object instead of `os.environ` or `torch.cuda`.
 """
 
@@ -26,6 +27,10 @@ OPTIONAL_PACKAGES = (
     "unsloth",
     "torchao",
 )
+# torch's caching-allocator settings (`key:value,...`); the unified name first (torch >= 2.9), then the CUDA one
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+# ProcessGroupNCCL registers every allocator segment with NCCL (user buffer registration) when set
+NCCL_REGISTER_HOOK_VAR = "TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK"
 FSDP_STRATEGY_IDS = {"1": "FULL_SHARD", "2": "SHARD_GRAD_OP", "3": "NO_SHARD", "4": "HYBRID_SHARD"}
 
 
@@ -70,6 +75,9 @@ class LaunchContext:
     gpu_name: str | None = None
     hostname: str = ""
     packages: frozenset[str] = field(default_factory=frozenset)
+    # (variable, value) of the allocator settings the environment already sets (ALLOC_CONF_VARS), or None
+    alloc_conf: tuple[str, str] | None = None
+    nccl_register_hook: bool = False  # NCCL_REGISTER_HOOK_VAR is on
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, probe_cuda: bool = True) -> LaunchContext:
@@ -101,6 +109,8 @@ class LaunchContext:
             gpu_name=name,
             hostname=socket.gethostname(),
             packages=frozenset(p for p in OPTIONAL_PACKAGES if importlib.util.find_spec(p) is not None),
+            alloc_conf=next(((n, env[n].strip()) for n in ALLOC_CONF_VARS if env.get(n, "").strip()), None),
+            nccl_register_hook=_true(env.get(NCCL_REGISTER_HOOK_VAR)),
         )
 
     @property

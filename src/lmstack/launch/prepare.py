@@ -49,7 +49,7 @@ def relaunch_if_needed(
             yaml.safe_dump(dict(overrides or {}), handle, sort_keys=False, allow_unicode=True)
         config_path, overrides = handle.name, None
         logger.info("config for the workers written to %s", config_path)
-    torchrun.relaunch(config_path, overrides, child_env)
+    torchrun.relaunch(config_path, overrides, child_env, allocator=plan.allocator.setting)
     results = Path(plan.cfg.training.output_dir) / "all_results.json"
     return json.loads(results.read_text()) if results.is_file() else {}
 

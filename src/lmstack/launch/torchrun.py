@@ -8,6 +8,8 @@ the child command is an argument list (never a shell string) and is logged. A no
 complete rendezvous (its master unreachable, another node missing) fails after torchrun's rendezvous
 timeout (600 s; `PET_RDZV_CONF=timeout=N`, torchrun's own variable) with one line naming the master,
 NNODES, NODE_RANK and that timeout; torchrun's error file (TORCHELASTIC_ERROR_FILE) tells it apart.
+The run plan's allocator setting (plan.allocator: expandable segments) reaches every worker through its
+environment, so each rank's caching allocator starts in the same mode.
 """
 
 from __future__ import annotations
@@ -159,8 +161,34 @@ def torchrun_command(
     ]
 
 
-def relaunch(config_path: str | Path, overrides: list[str] | dict | None, env: dict[str, str]) -> None:
-    """Run the job under torchrun and wait; a non-zero exit of any rank raises LmstackError."""
+def alloc_conf_variable(torch_version: str) -> str:
+    """The variable that carries allocator settings to a CUDA worker: PYTORCH_ALLOC_CONF from torch 2.11
+    (2.9 renamed it, but 2.9.x ignored expandable_segments there for CUDA: pytorch/pytorch#183387),
+    PYTORCH_CUDA_ALLOC_CONF before."""
+    major, minor = (int(x) for x in torch_version.split("+")[0].split(".")[:2])
+    return "PYTORCH_ALLOC_CONF" if (major, minor) >= (2, 11) else "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def worker_env(env: Mapping[str, str], allocator: str | None = None) -> dict[str, str]:
+    """The workers' environment: this one, without FORCE_TORCHRUN (they must not relaunch again), with the
+    plan's allocator setting (None: the default allocator or the user's own variable, passed as it is)."""
+    child_env = dict(env)
+    child_env.pop("FORCE_TORCHRUN", None)
+    if allocator:
+        import torch
+
+        child_env[alloc_conf_variable(torch.__version__)] = allocator
+    return child_env
+
+
+def relaunch(
+    config_path: str | Path,
+    overrides: list[str] | dict | None,
+    env: dict[str, str],
+    allocator: str | None = None,
+) -> None:
+    """Run the job under torchrun and wait; a non-zero exit of any rank raises LmstackError.
+    `allocator`: plan.allocator.setting, put in every worker's environment."""
     topo = topology(env)
     cmd = torchrun_command(config_path, overrides, topo)
     logger.info(
@@ -172,8 +200,7 @@ def relaunch(config_path: str | Path, overrides: list[str] | dict | None, env: d
         topo.master_port,
     )
     logger.info("child command: %s", " ".join(_quote(c) for c in cmd))
-    child_env = dict(env)
-    child_env.pop("FORCE_TORCHRUN", None)  # the workers must not relaunch again
+    child_env = worker_env(env, allocator)
     with tempfile.TemporaryDirectory(prefix="lmstack_torchrun_") as tmp:
         # torchrun writes its own exception (not a worker's) there: tells a failed rendezvous apart
         error_file = Path(child_env.setdefault("TORCHELASTIC_ERROR_FILE", str(Path(tmp) / "error.json")))

@@ -56,6 +56,7 @@ class Setup:
     prompt_len: int = 0  # grpo/rloo/ppo: prompt tokens; seq_len = prompt_len + completion tokens
     reward_model_params: int = 0  # ppo: a separate reward model held in bf16
     packed: bool = True  # rows of one width (packing): the smaller fragmentation margin
+    expandable_segments: bool = False  # plan.allocator: the caching allocator grows segments in place
 
 
 @dataclass(frozen=True)
@@ -333,6 +334,8 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     optim = st.optim + _step_transient(spec, s, acts + logits)
     terms = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s))
     frag = mem.FRAGMENTATION_FACTOR if s.packed else mem.UNPACKED_FRAGMENTATION_FACTOR
+    if s.expandable_segments:
+        frag = mem.EXPANDABLE_FRAGMENTATION_FACTOR
     gpu = mem.breakdown(
         st.weights, st.grads, optim, acts, logits, st.adapters, terms=terms, fragmentation=frag
     )

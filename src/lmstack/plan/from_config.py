@@ -63,7 +63,7 @@ def stage_fields(plan: RunPlan, spec: ModelSpec) -> dict:
 
     cfg = plan.cfg
     ft, t, stage = cfg.finetuning, cfg.training, cfg.finetuning.stage
-    out: dict = {"stage": stage, "packed": plan.packing}
+    out: dict = {"stage": stage, "packed": plan.packing, "expandable_segments": plan.allocator.expandable}
     if stage == "dpo":
         free = ft.pref_loss in REFERENCE_FREE_LOSSES
         out.update(rows_per_example=2, loss_path="full_logits" if free else "trl_logprob",

@@ -98,6 +98,7 @@ class PlanRequest:
     prompt_len: int = 0
     reward_model_params: int = 0
     packed: bool = True
+    expandable_segments: bool = False  # plan.allocator (estimate.Setup's field of the same name)
     # where the lengths came from: "cutoff_len" (every row that long), or the data's own longest row
     length_source: str = "cutoff_len"
     worst_seq_len: int | None = None  # seq_len with every row cutoff_len long, shown next to a data-aware one
@@ -167,6 +168,7 @@ def _base_setup(req: PlanRequest) -> Setup:
         loss_path=req.loss_path, reference=req.reference, kl_batch=req.kl_batch,
         generated_rows=req.generated_rows, prompt_len=req.prompt_len,
         reward_model_params=req.reward_model_params, packed=req.packed,
+        expandable_segments=req.expandable_segments,
     )  # fmt: skip
 
 

@@ -60,6 +60,7 @@ class RunPlan:
     checkpointing: bool
     micro_batch: int
     world_size: int
+    allocator: decide.AllocatorPlan  # the CUDA caching allocator's mode (expandable segments or default)
     reasons: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # documented fallbacks, said once (warnings)
     checkpoint_offload: bool = False  # the checkpointed layer inputs wait in CPU RAM (use_unsloth_gc)
@@ -164,6 +165,7 @@ class RunPlan:
             "checkpointing": self.checkpointing,
             "checkpoint_offload": self.checkpoint_offload,
             "micro_batch": self.micro_batch,
+            "allocator": self.allocator.label,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -297,6 +299,8 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     reasons["fp8"], reasons["compile"] = fp8.reason, compiled.reason
     micro = t.per_device_train_batch_size
     capacity = decide.row_capacity(cfg, micro) if packed else None
+    alloc = decide.allocator(cfg, ctx, dev, spec, packed, zero == 3 or fsdp is not None)
+    reasons["allocator"] = alloc.reason
     return RunPlan(
         cfg=cfg,
         ctx=ctx,
@@ -319,6 +323,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         checkpoint_offload=offload,
         micro_batch=micro if isinstance(micro, int) else 1,
         world_size=world,
+        allocator=alloc,
         reasons=reasons,
         notes=tuple(notes),
     )

@@ -101,7 +101,7 @@ SAFE_TO_CHANGE = frozenset(
     swanlab_api_key swanlab_logdir""".split()
 )
 SAFE_TO_RAISE = frozenset({"max_steps", "num_train_epochs"})
-SAFE_DECISIONS = frozenset({"world_size", "checkpointing", "checkpoint_offload"})
+SAFE_DECISIONS = frozenset({"world_size", "checkpointing", "checkpoint_offload", "allocator"})
 ABSENT = "(absent)"
 
 

@@ -4,6 +4,7 @@ cfg  = load_config(yaml, overrides)          validated, never mutated afterwards
 ctx  = LaunchContext.from_env()              the only reader of RANK/WORLD_SIZE/... and CUDA facts
 plan = RunPlan.resolve(cfg, ctx)             every derived decision, each with its reason
 preflight.check(plan)                        every problem at once, before anything loads (exit 2)
+apply_allocator(plan)                        plan.allocator, before the first CUDA allocation
 STAGES[plan.stage.name](plan)
 """
 
@@ -27,6 +28,23 @@ def plan_run(cfg: Config, ctx: LaunchContext | None = None, launch: bool = True)
     return plan, preflight.check(plan, launch)
 
 
+def apply_allocator(plan: RunPlan) -> bool:
+    """Sets the CUDA caching allocator's mode the plan chose (expandable segments), in this process, before
+    anything is allocated on the GPU: the model loads after, and torch.distributed starts after (its first
+    collective allocates). Nothing without CUDA, nor when the user's own allocator variable is set (torch
+    read it already). Returns whether a setting was applied."""
+    setting = plan.allocator.setting
+    if setting is None or plan.device != "cuda":
+        return False
+    import torch
+
+    set_settings = getattr(torch._C, "_accelerator_setAllocatorSettings", None)  # torch >= 2.9
+    if set_settings is None:
+        set_settings = torch.cuda.memory._set_allocator_settings
+    set_settings(setting)
+    return True
+
+
 def train(config_path: str | None, overrides: list[str] | dict | None = None) -> dict:
     cfg = load_config(config_path, overrides)
     plan, notes = plan_run(cfg)
@@ -44,6 +62,7 @@ def train(config_path: str | None, overrides: list[str] | dict | None = None) ->
     launched = prepare.relaunch_if_needed(plan, config_path, overrides)
     if launched is not None:
         return launched
+    apply_allocator(plan)  # before the first CUDA allocation (the plan's describe() says which and why)
     prepare.prepare_worker(plan, notes)
     tokenize_on_main_first(plan)
     if plan.is_main:
