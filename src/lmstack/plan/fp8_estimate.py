@@ -137,8 +137,9 @@ def transient_terms(spec: ModelSpec, s: Setup, tokens: int) -> tuple[tuple[str, 
             ("fp8 backward: dy + W^T per input column, FP8 (one layer)", bwd),
             ("fp8 forward: one GEMM input in FP8, beyond the backward's", max(0.0, fwd - bwd)),
         )
+    # scales: W^T per row (in), dy per token and per column (out), the input per column (in)
     bwd = max(
-        b * (o * i + 2 * tokens * o + tokens * i) + sc * (2 * i + 2 * tokens + o) for _, _, o, i in converted
+        b * (o * i + 2 * tokens * o + tokens * i) + sc * (2 * i + tokens + o) for _, _, o, i in converted
     )
     fwd = max(b * (tokens * i + o * i) + sc * (tokens + o) for _, _, o, i in converted)
     return (

@@ -2,9 +2,10 @@
 
 The ladder is seed 003 §10.8 (flash + checkpointing -> ZeRO-2 -> ZeRO-3 -> offload -> QLoRA). The
 recommendation searches checkpointing, the micro-batch (keeping micro_batch x gradient_accumulation_steps,
-the batch the optimizer sees), ZeRO/FSDP stage and offload, Liger's kernels and the method changes
-(full -> LoRA, -> QLoRA), under GPU memory, CPU memory (offload) and disk (the checkpoint) and what is
-installed here (DeepSpeed, bitsandbytes, Liger: `lmstack check` / `train` refuse or drop what is missing).
+the batch the optimizer sees), ZeRO/FSDP stage and offload, Liger's kernels, FP8 (`fp8: true`, a setting,
+on GPUs with FP8 tensor cores: plan/fp8_estimate.py) and the method changes (full -> LoRA, -> QLoRA),
+under GPU memory, CPU memory (offload) and disk (the checkpoint) and what is installed here (DeepSpeed,
+bitsandbytes, Liger: `lmstack check` / `train` refuse or drop what is missing).
 It is the fastest setup that fits; a method change is marked as one and taken when nothing of the
 configured method fits, or -- LoRA -> QLoRA, still an adapter on a frozen base -- when it is at least
 METHOD_CHANGE_MIN_SPEEDUP times faster than the best that does (QLoRA + checkpointing over ZeRO-3 offload
