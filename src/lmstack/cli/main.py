@@ -148,9 +148,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     here = LaunchContext.from_env(probe_cuda=not (args.gpus and args.gpu_memory))
     gpus = args.gpus or max(here.gpu_count, 1)
     memory = args.gpu_memory or here.gpu_memory_gib or 80.0
-    run_plan = plan_for(cfg, gpus * args.nodes, memory)  # the run plan on that machine
-    lengths = None if args.no_data else data_lengths(run_plan)  # unpacked rows: the data's own lengths
     local = not args.gpu_memory  # planning for this machine: its CPU RAM and disk are constraints too
+    # the GPU's kind (FP8 needs sm89+): --gpu-capability, else the visible GPU's when planning for this machine
+    kind = (here.cuda_capability, here.gpu_name) if local else (None, None)
+    kind = (args.gpu_capability, "given by --gpu-capability") if args.gpu_capability else kind
+    run_plan = plan_for(cfg, gpus * args.nodes, memory, *kind)  # the run plan on that machine
+    lengths = None if args.no_data else data_lengths(run_plan)  # unpacked rows: the data's own lengths
     cpu = args.cpu_memory or (machine_memory_gib() if local else None)
     disk = disk_free_gib(cfg.training.output_dir) if local else None
     try:
@@ -203,6 +206,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(format_table(result) + "\n\n" + run_plan.describe())
     return 0
+
+
+def _capability(text: str) -> tuple[int, int]:
+    """--gpu-capability 9.0 | 8.9 | sm90 -> (major, minor)."""
+    digits = text.lower().removeprefix("sm").replace(".", "")
+    if not digits.isdigit() or len(digits) < 2:
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; give major.minor, e.g. 9.0 (H100/H200) or 8.0 (A100)"
+        )
+    return int(digits[:-1]), int(digits[-1])
 
 
 def layout_dict(x) -> dict:
@@ -269,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the visible GPU's, else 80)")
     p.add_argument("--nodes", type=int, default=1, help="number of nodes")
     p.add_argument("--cpu-memory", type=float, help="GiB of CPU memory per node (checks offload)")
+    p.add_argument(
+        "--gpu-capability",
+        type=_capability,
+        help="the GPU's compute capability, e.g. 9.0 (H100/H200), 8.0 (A100): FP8 needs 8.9+ "
+        "(default: the visible GPU's)",
+    )
     p.add_argument(
         "--search",
         action="store_true",

@@ -31,7 +31,7 @@ METHOD_CHANGE_MIN_SPEEDUP = 1.5
 # bytes per parameter of one saved checkpoint (Trainer: weights + optimizer.pt; LoRA: the adapter)
 CHECKPOINT_FULL_BYTES = 2 + 12  # bf16 weights + fp32 master, Adam m + v
 CHECKPOINT_ADAPTER_BYTES = 4 + 8  # adapter weights + Adam m + v
-PACKAGE_FOR = {"deepspeed": "deepspeed", "qlora": "bitsandbytes", "liger": "liger_kernel"}
+PACKAGE_FOR = {"deepspeed": "deepspeed", "qlora": "bitsandbytes", "liger": "liger_kernel", "fp8": "torchao"}
 
 
 def unsupported(req: PlanRequest, s: Setup) -> str:
@@ -52,6 +52,23 @@ def unsupported(req: PlanRequest, s: Setup) -> str:
         return f"unsupported combination: stage {req.stage} runs in one process (no DeepSpeed/FSDP)"
     if s.fused_ce and have is not None and PACKAGE_FOR["liger"] not in have and not req.fused_ce:
         return "unsupported here: Liger's kernels need liger-kernel (pip install liger-kernel)"
+    return _fp8_unsupported(req, s) if s.fp8 else ""
+
+
+def _fp8_unsupported(req: PlanRequest, s: Setup) -> str:
+    """plan/rules.py's fp8 refusals (fp8_combinations, fp8_hardware, fp8_torchao) for an FP8 row."""
+    if req.fp8_refused:
+        return f"unsupported: {req.fp8_refused}"
+    if s.deepspeed_stage is not None:
+        return "unsupported combination: fp8 with DeepSpeed (not verified with lmstack's FP8 layers)"
+    if s.fsdp and s.finetuning_type == "lora":
+        return "unsupported combination: fp8 LoRA under FSDP (lmstack does not shard the FP8 frozen base)"
+    if s.quantization_bit is not None:
+        return (
+            "unsupported combination: fp8 with quantization_bit (the base is bitsandbytes-quantized or FP8)"
+        )
+    if s.fp8 == "float8-training" and req.available is not None and PACKAGE_FOR["fp8"] not in req.available:
+        return "unsupported here: fp8 full fine-tuning uses torchao (pip install 'lmstack[fp8]')"
     return ""
 
 
@@ -101,6 +118,8 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
         ch["quantization_bit"] = s.quantization_bit
     if s.optimizer != req.optimizer:
         ch[f"use_{req.optimizer}"] = False
+    if (s.fp8 is None) != (req.fp8 is None):
+        ch["fp8"] = s.fp8 is not None
     return ch
 
 
@@ -114,6 +133,8 @@ def label(c: Candidate) -> str:
     ]
     if s.fused_ce:
         bits.append("fused CE")
+    if s.fp8:
+        bits.append(f"fp8 {s.fp8}")
     return ", ".join(bits)
 
 
@@ -138,6 +159,11 @@ def reason(
         text += " Activations fit without gradient checkpointing, so no recompute cost."
     if rec.setup.offload_optimizer:
         text += f" Offload needs about {rec.estimate.cpu_gib:.0f} GiB of CPU memory per node."
+    if rec.setup.fp8 and not req.fp8:
+        text += (
+            f" fp8: true is a setting, not a method change: the {rec.setup.fp8} scope runs the large GEMMs in "
+            "FP8 (the cost model's FP8 speed is a first figure from GEMM measurements, plan/fp8_estimate.py)."
+        )
     tighter = [f"{n} ({c.why_not})" for n, c in same_method_best.items() if not c.fits]
     if tighter:
         text += " Did not fit: " + "; ".join(tighter[:4]) + "."

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lmstack.plan import fp8_estimate
 from lmstack.plan import memory as mem
 from lmstack.plan.model_spec import ModelSpec
 
@@ -57,6 +58,9 @@ class Setup:
     reward_model_params: int = 0  # ppo: a separate reward model held in bf16
     packed: bool = True  # rows of one width (packing): the smaller fragmentation margin
     expandable_segments: bool = False  # plan.allocator: the caching allocator grows segments in place
+    # fp8: true (plan.fp8.scope, plan/fp8_estimate.py): "frozen-base" (LoRA: the frozen base's Linear layers
+    # stored in FP8) | "float8-training" (full: torchao's Float8Linear) | None (bf16 GEMMs)
+    fp8: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Estimate:
     gpu: mem.MemoryBreakdown
     cpu_gib: float  # CPU memory per node for offloaded states and activations (0 without offload)
     offloaded_activations_gib: float = 0.0  # of which: offloaded checkpointing's layer inputs, per node
+    weight_rows: tuple[tuple[str, float], ...] = ()  # the weights split by storage (FP8 / bf16), GiB per GPU
 
 
 @dataclass
@@ -75,6 +80,7 @@ class _States:
     optim: float = 0.0
     adapters: float = 0.0
     cpu: float = 0.0
+    fp8_weights: float = 0.0  # of `weights`: the FP8 frozen base layers (1 B/param + fp32 row scales)
 
 
 def validate_setup(s: Setup) -> None:
@@ -110,6 +116,15 @@ def validate_setup(s: Setup) -> None:
         raise ValueError(f"reference: got {s.reference!r}; allowed: {' | '.join(REFERENCES)}")
     if s.rows_per_example < 1:
         raise ValueError(f"rows_per_example: got {s.rows_per_example}; must be >= 1")
+    if s.fp8 is not None:
+        from lmstack.models.fp8 import SCOPES
+
+        if s.fp8 not in SCOPES:
+            raise ValueError(f"fp8: got {s.fp8!r}; allowed: {' | '.join(SCOPES)} | null")
+        if s.fp8 == "frozen-base" and s.finetuning_type != "lora":
+            raise ValueError(
+                f"fp8: frozen-base is LoRA's FP8 base; got finetuning_type {s.finetuning_type!r}"
+            )
     if s.checkpoint_offload and not s.gradient_checkpointing:
         raise ValueError(
             "checkpoint_offload: offloads the checkpointed layer inputs; needs gradient_checkpointing"
@@ -129,7 +144,14 @@ def _trainable_frozen(spec: ModelSpec, s: Setup) -> tuple[int, int, int]:
     return 0, spec.num_params, spec.lora_params(s.lora_rank, target)
 
 
+def _fp8_base(s: Setup) -> bool:
+    """The frozen base is stored in FP8 (a quantized base, refused with fp8, keeps its own storage)."""
+    return s.fp8 == "frozen-base" and s.finetuning_type == "lora" and s.quantization_bit is None
+
+
 def _frozen_weight_bytes(spec: ModelSpec, frozen: int, s: Setup) -> float:
+    if _fp8_base(s):
+        return sum(fp8_estimate.frozen_weight_bytes(spec))
     if s.quantization_bit is None or s.finetuning_type != "lora":
         return mem.BF16_BYTES * frozen
     linear = spec.linear_params
@@ -179,6 +201,7 @@ def model_states(spec: ModelSpec, s: Setup) -> _States:
     st = _States()
     w_train = mem.BF16_BYTES * trainable
     w_frozen = _frozen_weight_bytes(spec, frozen, s)
+    w_fp8 = fp8_estimate.frozen_weight_bytes(spec)[0] if _fp8_base(s) else 0.0  # of w_frozen
     grads = mem.BF16_BYTES * trainable
     fp32_grads = mem.DS_FP32_GRAD_PARTITION_BYTES * trainable if deepspeed else 0.0
     optim = k * trainable
@@ -195,7 +218,7 @@ def model_states(spec: ModelSpec, s: Setup) -> _States:
             grads /= n
     live = 0.0
     if stage >= 3:
-        w_train, w_frozen, ad_w = w_train / n, w_frozen / n, ad_w / n
+        w_train, w_frozen, ad_w, w_fp8 = w_train / n, w_frozen / n, ad_w / n, w_fp8 / n
         live = mem.ZERO3_LIVE_GATHER_BYTES * spec.largest_layer_params
         if deepspeed:  # ZeRO-3 reduces grads straight into the fp32 partition
             grads = 0.0
@@ -206,13 +229,14 @@ def model_states(spec: ModelSpec, s: Setup) -> _States:
         optim = fp32_grads = ad_o = grads = 0.0
     if s.offload_param:
         st.cpu += w_train + w_frozen
-        w_train = w_frozen = 0.0
+        w_train = w_frozen = w_fp8 = 0.0
     if s.fp32_model_weights and stage == 0 and s.finetuning_type != "lora" and not s.offload_optimizer:
         # classic AMP: fp32 weights (4 B) and grads (4 B), Adam m+v (8 B) -- the same 16 B, split so
         w_train, grads, optim = 2 * w_train, 2 * grads, optim - mem.FP32_BYTES * trainable
     if n > 1 and stage == 0:  # DDP's gradient buckets: a second copy of the gradients
         grads *= 2
     st.weights = w_train + w_frozen + live
+    st.fp8_weights = w_fp8
     st.grads = grads + fp32_grads
     st.optim = optim
     st.adapters = ad_w + ad_g + ad_o
@@ -333,6 +357,7 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     logits = loss_bytes(spec, s)
     optim = st.optim + _step_transient(spec, s, acts + logits)
     terms = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s))
+    terms += fp8_estimate.transient_terms(spec, s, train_tokens(s))
     frag = mem.FRAGMENTATION_FACTOR if s.packed else mem.UNPACKED_FRAGMENTATION_FACTOR
     if s.expandable_segments:
         frag = mem.EXPANDABLE_FRAGMENTATION_FACTOR
@@ -341,5 +366,18 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     )
     parked = offloaded_activations(spec, s) * max(s.num_gpus // s.nodes, 1) / mem.GIB
     return Estimate(
-        gpu=gpu, cpu_gib=cpu_bytes_per_node(st, s) / mem.GIB + parked, offloaded_activations_gib=parked
+        gpu=gpu,
+        cpu_gib=cpu_bytes_per_node(st, s) / mem.GIB + parked,
+        offloaded_activations_gib=parked,
+        weight_rows=_weight_rows(st),
+    )
+
+
+def _weight_rows(st: _States) -> tuple[tuple[str, float], ...]:
+    """The weights split by storage (GiB) when part of them is FP8; () otherwise."""
+    if not st.fp8_weights:
+        return ()
+    return (
+        ("FP8 base layers (1 B/param + fp32 row scales)", st.fp8_weights / mem.GIB),
+        ("bf16 (embeddings, head, norms, kept layers)", (st.weights - st.fp8_weights) / mem.GIB),
     )

@@ -110,6 +110,35 @@ def _unmodelled(cfg: Config) -> tuple[str, ...]:
     )
 
 
+def fp8_fields(plan: RunPlan) -> dict:
+    """The request's FP8 facts, from the plan's own decision (decide.fp8) and rules (plan/rules.py): the
+    configured scope; the scope `fp8: true` gives this config and, where the rules refuse it for this method
+    or this GPU (DeepSpeed and FSDP are the search's to change), why."""
+    from dataclasses import replace
+
+    from lmstack.config.errors import ConfigError
+    from lmstack.plan import decide, rules
+
+    cfg, ctx = plan.cfg, plan.ctx
+    on = plan
+    if not plan.fp8.enabled:
+        fp8_cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"fp8": True})})
+        on = replace(plan, cfg=fp8_cfg, fp8=decide.fp8(fp8_cfg))
+    refused = ""
+    try:
+        rules.fp8_combinations(replace(on, deepspeed=None, fsdp=None))
+        rules.fp8_hardware(on)
+    except ConfigError as err:
+        refused = str(err)
+    return {
+        "fp8": plan.fp8.scope if plan.fp8.enabled else None,
+        "fp8_allowed": None if refused else on.fp8.scope,
+        "fp8_refused": refused,
+        "gpu_capability": ctx.cuda_capability,
+        "gpu_name": ctx.gpu_name,
+    }
+
+
 def request_from_plan(
     plan: RunPlan,
     gpus: int,
@@ -141,6 +170,7 @@ def request_from_plan(
     )  # fmt: skip
     fields = {"seq_len": plan.row_capacity or cfg.data.cutoff_len}
     fields.update(stage_fields(plan, spec))
+    fields.update(fp8_fields(plan))
     fields["worst_seq_len"] = fields["seq_len"]
     if lengths is not None:
         fields["length_source"] = lengths.describe()

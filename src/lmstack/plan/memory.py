@@ -33,6 +33,11 @@ NF4_ABSMAX_BITS = 8
 NF4_SECOND_BLOCK = 256
 NF4_SECOND_SCALE_BITS = 32
 INT8_BYTES = 1.0  # LLM.int8: 1 B/param (+ per-row fp32 scales, negligible)
+# FP8 frozen base (models/fp8.py Float8FrozenLinear): float8_e4m3fn weights, 1 B/param, and one fp32 scale
+# per output row ([out, 1]); the bf16 copy is dropped. The same sizes for every transient FP8 copy (an
+# activation: one scale per token; a weight requantized per input column: one scale per column).
+FP8_BYTES = 1
+FP8_SCALE_BYTES = FP32_BYTES
 # GaLore (Zhao et al. 2024) / APOLLO (Zhu et al. 2025): Adam's m and v of a projected m x n matrix
 # (m <= n) live in an r x n space, plus the m x r projector -> r*(2n + m) elements instead of 2mn.
 # Muon keeps one momentum buffer per hidden-matrix element (no second moment).

@@ -2,9 +2,10 @@
 
 The ladder is seed 003 §10.8 (flash + checkpointing -> ZeRO-2 -> ZeRO-3 -> offload -> QLoRA). The
 recommendation searches checkpointing, the micro-batch (keeping micro_batch x gradient_accumulation_steps,
-the batch the optimizer sees), ZeRO/FSDP stage and offload, Liger's kernels and the method changes
-(full -> LoRA, -> QLoRA), under GPU memory, CPU memory (offload) and disk (the checkpoint) and what is
-installed here (DeepSpeed, bitsandbytes, Liger: `lmstack check` / `train` refuse or drop what is missing).
+the batch the optimizer sees), ZeRO/FSDP stage and offload, Liger's kernels, FP8 (`fp8: true`, a setting,
+on GPUs with FP8 tensor cores: plan/fp8_estimate.py) and the method changes (full -> LoRA, -> QLoRA),
+under GPU memory, CPU memory (offload) and disk (the checkpoint) and what is installed here (DeepSpeed,
+bitsandbytes, Liger: `lmstack check` / `train` refuse or drop what is missing).
 It is the fastest setup that fits; a method change is marked as one and taken when nothing of the
 configured method fits, or -- LoRA -> QLoRA, still an adapter on a frozen base -- when it is at least
 METHOD_CHANGE_MIN_SPEEDUP times faster than the best that does (QLoRA + checkpointing over ZeRO-3 offload
@@ -17,6 +18,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from lmstack.plan import fp8_estimate
 from lmstack.plan import memory as mem
 from lmstack.plan.advice import (
     METHOD_CHANGE_MIN_SPEEDUP,
@@ -109,6 +111,14 @@ class PlanRequest:
     # the stage's loss never needs the logits: Liger / the chunked CE can replace the head (STAGE_SPECS)
     stage_fused_ce: bool = True
     multi_process: bool = True  # the stage runs under DeepSpeed / several processes (STAGE_SPECS)
+    # FP8 (plan.fp8, plan/fp8_estimate.py): the configured scope (None: fp8 off); the scope `fp8: true` would
+    # give this config (None where plan/rules.py refuses it for this method or GPU, `fp8_refused` says why);
+    # the GPU's (major, minor) compute capability and name (None: unknown, the search adds no FP8 row)
+    fp8: str | None = None
+    fp8_allowed: str | None = None
+    fp8_refused: str = ""
+    gpu_capability: tuple[int, int] | None = None
+    gpu_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,7 @@ class Strategy:
     offload_param: bool = False
     fsdp: str | None = None
     method: str | None = None  # None keeps the request's method; "lora" | "qlora4" change it
+    fp8: bool | None = None  # None keeps the request's fp8; True / False set it (a setting, not a method)
 
 
 @dataclass(frozen=True)
@@ -167,7 +178,7 @@ def _base_setup(req: PlanRequest) -> Setup:
         fp32_adapters=req.fp32_adapters, stage=req.stage, rows_per_example=req.rows_per_example,
         loss_path=req.loss_path, reference=req.reference, kl_batch=req.kl_batch,
         generated_rows=req.generated_rows, prompt_len=req.prompt_len,
-        reward_model_params=req.reward_model_params, packed=req.packed,
+        reward_model_params=req.reward_model_params, packed=req.packed, fp8=req.fp8,
         expandable_segments=req.expandable_segments,
     )  # fmt: skip
 
@@ -197,33 +208,60 @@ def candidate_strategies(req: PlanRequest, allow_method_change: bool = True) -> 
     # Offload helps even on one GPU: the optimizer (and params) leave the GPU.
     out += [Strategy("zero2_offload", 2, True), Strategy("zero3_offload", 3, True, True)]
     configured = configured_strategy(req)
-    if configured not in out:
-        out.insert(0, configured)
     if allow_method_change and req.quantization_bit is None:
         zero = Strategy("zero3", 3) if multi else Strategy("single")
         if req.finetuning_type != "lora":
             out.append(replace(zero, name=f"lora+{zero.name}", method="lora"))
         out.append(replace(zero, name=f"qlora4+{zero.name}", method="qlora4"))
         out += fp8_strategies(req)
-    return out
+    if req.fp8:
+        out = [_fp8_off(st) if _needs_fp8_off(req, st) else st for st in out]
+    return out if configured in out else [configured, *out]
 
 
 def fp8_strategies(req: PlanRequest) -> list[Strategy]:
-    """Hook for FP8 training (models/fp8.py, another change): its strategies join the search here, each a
-    Strategy(method="fp8") once estimate.Setup models FP8 weights/activations. None yet."""
-    return []
+    """`fp8: true` (a setting, not a method change) on the strategies plan/rules.py allows it with: no
+    DeepSpeed; LoRA without FSDP; on a GPU with FP8 tensor cores; for a method the rules accept."""
+    if req.fp8 or fp8_estimate.unsearched(req) or not req.fp8_allowed:
+        return []  # already on (the other strategies carry it), or not allowed here
+    multi = req.num_gpus > 1
+    out = [Strategy("ddp+fp8" if multi else "single+fp8", fp8=True)]
+    if multi and req.fp8_allowed == "float8-training":
+        out.append(Strategy("fsdp_full_shard+fp8", fsdp="FULL_SHARD", fp8=True))
+    return out
+
+
+def _needs_fp8_off(req: PlanRequest, st: Strategy) -> bool:
+    """A strategy plan/rules.py refuses with the configured fp8 (or a method change): it runs with fp8: false."""
+    lora_fsdp = st.fsdp is not None and req.fp8 == "frozen-base"
+    return bool(req.fp8_refused or st.deepspeed_stage is not None or lora_fsdp or st.method)
+
+
+def _fp8_off(st: Strategy) -> Strategy:
+    return replace(st, name=f"{st.name} (no fp8)", fp8=False)
 
 
 # checkpointing modes (gradient_checkpointing, checkpoint_offload): off, full, offloaded (use_unsloth_gc)
 CKPT_OFF, CKPT_FULL, CKPT_OFFLOADED = (False, False), (True, False), (True, True)
 
 
-def _apply(base: Setup, st: Strategy, ckpt: tuple[bool, bool], mb: int, fused: bool, attn: str) -> Setup:
+def _apply(
+    base: Setup,
+    st: Strategy,
+    ckpt: tuple[bool, bool],
+    mb: int,
+    fused: bool,
+    attn: str,
+    fp8: str | None = None,
+) -> Setup:
+    """`base` with the strategy and the searched choices; `fp8`: the scope a Strategy(fp8=True) turns on."""
     s = replace(
         base, deepspeed_stage=st.deepspeed_stage, offload_optimizer=st.offload_optimizer,
         offload_param=st.offload_param, fsdp=st.fsdp, gradient_checkpointing=ckpt[0],
         checkpoint_offload=ckpt[1], micro_batch=mb, fused_ce=fused, attention=attn,
     )  # fmt: skip
+    if st.fp8 is not None:
+        s = replace(s, fp8=fp8 if st.fp8 else None)
     if st.method in ("lora", "qlora4") and s.reference == "copy":
         s = replace(s, reference="adapter_off")  # LoRA's reference is the adapter-off base
     if st.method == "lora":
@@ -283,7 +321,7 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
     for st, ckpt, mb, fu, at in itertools.product(strategies, ckpts, mbs, fused, attns):
         if ckpt == CKPT_OFFLOADED and open_all and (st.deepspeed_stage == 3 or st.fsdp):
             continue  # use_unsloth_gc is refused with sharded weights (plan/decide.py): not a choice
-        out.append(evaluate(req, st, _apply(base, st, ckpt, mb, fu, at)))
+        out.append(evaluate(req, st, _apply(base, st, ckpt, mb, fu, at, req.fp8_allowed)))
     return out
 
 
@@ -325,6 +363,7 @@ def relative_cost(spec: ModelSpec, s: Setup) -> float:
     cost *= EAGER_ATTENTION_COST if s.attention == "eager" else 1.0
     cost *= LORA_COST if s.finetuning_type == "lora" else 1.0
     cost *= QUANT_COST if s.quantization_bit else 1.0
+    cost *= fp8_estimate.time_factor(spec, s)  # FP8 GEMMs (constants and sources in plan/fp8_estimate.py)
     return cost
 
 
@@ -340,6 +379,7 @@ def offload_checkpoint_cost(spec: ModelSpec, s: Setup) -> float:
     transfer = 2 * offloaded_activations(spec, s) / (mem.PCIE_GB_PER_S * mem.GB)
     passes = 4 if s.finetuning_type == "lora" else 5  # fwd, dgrad, (wgrad,) recompute fwd: 2N FLOPs each
     compute = passes * spec.num_params * train_tokens(s) / (ASSUMED_ACHIEVED_TFLOPS * 1e12)
+    compute *= fp8_estimate.time_factor(spec, s)  # FP8 GEMMs shorten the compute the copies hide behind
     return max(0.0, transfer - compute) / compute + OFFLOAD_CKPT_FIXED_COST
 
 
@@ -387,6 +427,7 @@ def plan(req: PlanRequest) -> PlanResult:
         notes.append("DeepSpeed ZeRO on 1 GPU partitions nothing; only its offload saves GPU memory.")
     if req.attention == "eager":
         notes.append("attention eager stores the s x s score matrix; flash/sdpa removes it.")
+    notes += fp8_estimate.notes(req)
     megatron: list[Layout] = []
     if req.finetuning_type == "full":
         megatron = enumerate_layouts(
@@ -410,7 +451,12 @@ def resolve_auto(req: PlanRequest) -> dict[str, object]:
     The method is never changed here; when nothing fits the smallest setup is returned with a warning.
     """
     if req.deepspeed_stage == "auto":
-        strategies = [s for s in candidate_strategies(req, allow_method_change=False) if s.fsdp is None]
+        # `auto` never changes fp8 (numerics): the strategies that would need fp8: false are left out
+        strategies = [
+            s
+            for s in candidate_strategies(req, allow_method_change=False)
+            if s.fsdp is None and s.fp8 is None
+        ]
     else:
         strategies = [configured_strategy(req)]
     fixed = replace(req, fused_ce=bool(req.fused_ce))

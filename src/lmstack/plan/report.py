@@ -48,6 +48,7 @@ def candidate_dict(c: Candidate) -> dict[str, object]:
         "attention": c.setup.attention,
         "finetuning_type": c.setup.finetuning_type,
         "quantization_bit": c.setup.quantization_bit,
+        "fp8": c.setup.fp8,
         "changes_method": c.changes_method,
         "relative_cost": round(c.cost, 3),
         "cpu_gib": round(c.estimate.cpu_gib, 1),
@@ -58,6 +59,7 @@ def candidate_dict(c: Candidate) -> dict[str, object]:
         "reserved_gib": g["reserved"],
         "seq_len": c.setup.seq_len,
         "per_gpu_gib": {k: g[k] for k in keys},
+        "weights_gib": {name: round(v, 3) for name, v in c.estimate.weight_rows},  # by storage (FP8 / bf16)
         "stage_terms_gib": g["terms"],
     }
 
@@ -65,7 +67,12 @@ def candidate_dict(c: Candidate) -> dict[str, object]:
 def breakdown_lines(c: Candidate) -> list[str]:
     """Every row of one candidate's peak, the stage's own terms and the margins named."""
     g = c.estimate.gpu
-    lines = [f"{label:<58}{getattr(g, key):>8.2f} GiB" for key, label in BREAKDOWN_ROWS if getattr(g, key)]
+    lines = []
+    for key, label in BREAKDOWN_ROWS:
+        if getattr(g, key):
+            lines.append(f"{label:<58}{getattr(g, key):>8.2f} GiB")
+        if key == "weights":  # the FP8 base and what stays bf16
+            lines += [f"{'  of which ' + name:<58}{v:>8.2f} GiB" for name, v in c.estimate.weight_rows]
     lines += [f"{name:<58}{v:>8.2f} GiB" for name, v in g.terms]
     lines += [
         f"{'= allocated (compare: torch.cuda.max_memory_allocated)':<58}{g.allocated:>8.2f} GiB",
@@ -104,8 +111,9 @@ def format_table(result: PlanResult) -> str:
     """Fixed-width table (GiB per GPU), each rejected row's reason, the configured setup's breakdown,
     the recommendation and notes."""
     req = result.request
+    fp8 = f", fp8 {req.fp8}" if req.fp8 else ""
     lines = [
-        f"{req.spec.model_type} {req.spec.num_params / 1e9:.2f}B params, {req.stage} {req.finetuning_type}, "
+        f"{req.spec.model_type} {req.spec.num_params / 1e9:.2f}B params, {req.stage} {req.finetuning_type}{fp8}, "
         f"{req.num_gpus} GPU(s) x {req.gpu_memory_gib:g} GiB, seq_len {req.seq_len}",
     ]
     lengths = _lengths_line(result)

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lmstack.config.errors import ConfigError
 from lmstack.plan.decide import UNSLOTH_METHODS, UNSLOTH_STAGES
-from lmstack.plan.runplan import RunPlan
+
+if TYPE_CHECKING:  # annotations only: the planner's request (plan/from_config.py) asks these rules too
+    from lmstack.plan.runplan import RunPlan
 
 BNB_MIN_FOR_ZERO3 = (0, 43, 0)
 FSDP_WORDS = (
@@ -23,7 +26,7 @@ FSDP_WORDS = (
     "auto_wrap",
 )
 
-Rule = Callable[[RunPlan], str | None]
+Rule = Callable[["RunPlan"], str | None]
 
 
 def unsloth_supported(plan: RunPlan) -> str | None:

@@ -15,9 +15,15 @@ from lmstack.plan.recommend import PlanRequest
 from lmstack.plan.runplan import RunPlan
 
 
-def gpu_context(gpus: int, gpu_memory_gib: float) -> LaunchContext:
+def gpu_context(
+    gpus: int,
+    gpu_memory_gib: float,
+    gpu_capability: tuple[int, int] | None = None,
+    gpu_name: str | None = None,
+) -> LaunchContext:
     """The launch context of a hypothetical GPU job (what `lmstack plan --gpus N` plans for); optional
-    kernels the YAML asks for are assumed installed on that machine."""
+    kernels the YAML asks for are assumed installed on that machine. `gpu_capability` (major, minor) and
+    `gpu_name`: the GPU's kind where known (FP8 needs sm89+); None leaves it unknown."""
     here = LaunchContext.from_env(probe_cuda=False)
     return replace(
         here,
@@ -27,13 +33,22 @@ def gpu_context(gpus: int, gpu_memory_gib: float) -> LaunchContext:
         under_launcher=True,
         gpu_memory_gib=gpu_memory_gib,
         bf16_supported=True,
+        cuda_capability=gpu_capability,
+        gpu_name=gpu_name,
         packages=here.packages | {"liger_kernel"},
     )
 
 
-def plan_for(cfg: Config, gpus: int, gpu_memory_gib: float) -> RunPlan:
+def plan_for(
+    cfg: Config,
+    gpus: int,
+    gpu_memory_gib: float,
+    gpu_capability: tuple[int, int] | None = None,
+    gpu_name: str | None = None,
+) -> RunPlan:
     """The run plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` (auto fields left for the planner)."""
-    return RunPlan.resolve(cfg, gpu_context(gpus, gpu_memory_gib), resolve_auto=False)
+    ctx = gpu_context(gpus, gpu_memory_gib, gpu_capability, gpu_name)
+    return RunPlan.resolve(cfg, ctx, resolve_auto=False)
 
 
 def request_from_config(
@@ -44,10 +59,13 @@ def request_from_config(
     cpu_memory_gib: float | None = None,
     search: bool = False,
     data: bool = False,
+    gpu_capability: tuple[int, int] | None = None,
+    gpu_name: str | None = None,
 ) -> PlanRequest:
     """The request for `cfg` run on `gpus` x `nodes` GPUs: the run plan resolved for that machine.
-    `data`: read the row lengths of an unpacked run from the data (plan/lengths.py)."""
-    run_plan = plan_for(cfg, gpus * nodes, gpu_memory_gib)
+    `data`: read the row lengths of an unpacked run from the data (plan/lengths.py); `gpu_capability` /
+    `gpu_name`: the GPU's kind (gpu_context)."""
+    run_plan = plan_for(cfg, gpus * nodes, gpu_memory_gib, gpu_capability, gpu_name)
     lengths = None
     if data:
         from lmstack.plan.lengths import data_lengths
