@@ -15,21 +15,24 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DISABLE_VERSION_CHECK=1 TOKENIZERS_PA
 export TORCH_CUDA_ARCH_LIST=9.0
 O=${OUT:-/tmp/out_local}; mkdir -p "$O"
 RID=${RID:-s3-20261201}
+PHASES=${PHASES:-speed serve plan}  # which of the phases below to run
+has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
 pip_t() {  # once per machine: a marker per target
   t=$1; shift
   [ -f "$t/.done" ] && return
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$t" "$@" \
     >"/tmp/pip_$(basename "$t").log" 2>&1 && touch "$t/.done" || { echo "install $t failed"; tail -5 "/tmp/pip_$(basename "$t").log"; }
 }
-pip_t /tmp/site .whl/lf/*.whl .whl/liger/*.whl
+has speed && pip_t /tmp/site .whl/lf/*.whl .whl/liger/*.whl
 pip_t /tmp/site_lm .whl/lm/*.whl .whl/bnb/*.whl .whl/ao/*.whl
-pip_t /tmp/site_uns .whl/uns/*.whl .whl/bnb/*.whl .whl/ao/*.whl
-pip_t /tmp/site_serve .whl/serve/*.whl
-[ -f /tmp/assets/qwen2.5-7b/config.json ] || python3 bench/make_assets.py /tmp/assets qwen2.5-7b,qwen2.5-0.5b 2>&1 | grep -v Writing | tail -1
+has speed && pip_t /tmp/site_uns .whl/uns/*.whl .whl/bnb/*.whl .whl/ao/*.whl
+has serve && pip_t /tmp/site_serve .whl/serve/*.whl
+has speed && { [ -f /tmp/assets/qwen2.5-7b/config.json ] || python3 bench/make_assets.py /tmp/assets qwen2.5-7b 2>&1 | grep -v Writing | tail -1; }
+[ -f /tmp/assets/qwen2.5-0.5b/config.json ] || python3 bench/make_assets.py /tmp/assets qwen2.5-0.5b 2>&1 | grep -v Writing | tail -1
 echo "setup done, $(left)s left"
 
 # 1. the 7B speed rows
-if [ "$(left)" -gt 120 ]; then
+if has speed && [ "$(left)" -gt 120 ]; then
   python3 bench/lmstack_bench.py all --assets /tmp/assets --set peers7 --systems llamafactory,lmstack,unsloth \
     --run-id "$RID" --skip-done --budget $(( $(left) - 20 )) --logs /tmp/bench_logs 2>&1 | grep -v "^\[" | tail -25
   cp /tmp/speed_done.jsonl "$O/speed_done.jsonl" 2>/dev/null
@@ -37,14 +40,15 @@ fi
 echo "speed phase done, $(left)s left"
 
 # 2. serving, 0.5B (transformers backend, batch 32 and one at a time)
-if [ ! -f /tmp/serve05.done ] && [ "$(left)" -gt 200 ]; then
-  OUT=/tmp/serve_out timeout $(( $(left) - 20 )) bash bench/serve_h200.sh qwen2.5-0.5b 2>&1 | tail -8 && touch /tmp/serve05.done
+if has serve && [ ! -f /tmp/serve05.done ] && [ "$(left)" -gt 200 ]; then
+  OUT=/tmp/serve_out timeout $(( $(left) - 20 )) bash bench/serve_h200.sh qwen2.5-0.5b 2>&1 | tail -8
+  grep -q hf-batch32 /tmp/serve_out/serve.jsonl 2>/dev/null && touch /tmp/serve05.done
   cp /tmp/serve_out/* "$O/" 2>/dev/null
 fi
 echo "serve phase done, $(left)s left"
 
 # 3. planner accuracy, predicted before measured
-if [ "$(left)" -gt 100 ]; then
+if has plan && [ "$(left)" -gt 100 ]; then
   [ -f /tmp/plan_accuracy.json ] || cp bench/results/plan_accuracy.json /tmp/plan_accuracy.json
   PYTHONPATH=/tmp/site_lm:$PWD/src python3 bench/plan_accuracy.py /tmp/assets --skip-done --out /tmp/plan_accuracy.json \
     --budget $(( $(left) - 15 )) 2>&1 | grep -v "^\[lmstack\]\|Writing model shards" | tail -25

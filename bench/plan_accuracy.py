@@ -184,7 +184,7 @@ PAIR = dict(dataset="synth_pref", packing=False, cutoff_len=1024, pref_beta=0.1)
 S05, S15, S7 = "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"
 GRPO = dict(stage="grpo", dataset="synth", packing=False, cutoff_len=512, max_new_tokens=256, num_generations=4,
             reward_funcs="REWARD", pref_beta=0.04, temperature=1.0)  # fmt: skip
-EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # `_env`: the run's process environment
+DEFAULT_ALLOCATOR = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}  # `_env`: the run's environment
 # name, arch, overrides, runs on a CPU in --dry-run; ordered by what matters most if the budget runs out
 STAGES = [
     (
@@ -245,12 +245,11 @@ STAGES = [
         False,
     ),  # fmt: skip
     (
-        "sft_unpacked_0.5b_lora_mb8_expandable",
+        "sft_unpacked_0.5b_lora_mb8_alloc",
         S05,
-        dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=8, _env=EXPANDABLE),
+        dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=8),
         True,
-    ),  # the caching allocator's reserved peak on padded rows of changing width, with expandable segments
-    ("fp8_7b_lora_mb4", S7, dict(stage="sft", **LORA, per_device_train_batch_size=4, fp8=True), False),
+    ),  # sft_unpacked_0.5b_lora_mb8 again, now with plan.allocator (expandable segments): the reserved peak
     (
         "dpo_0.5b_full_mb4",
         S05,
@@ -270,12 +269,7 @@ STAGES = [
         dict(stage="sft", finetuning_type="full", **UNPACKED, per_device_train_batch_size=4),
         True,
     ),  # fmt: skip
-    (
-        "dpo_1.5b_lora_mb4",
-        S15,
-        dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=4),
-        True,
-    ),
+    ("fp8_7b_lora_mb4", S7, dict(stage="sft", **LORA, per_device_train_batch_size=4, fp8=True), False),
     (
         "kto_7b_lora_mb2",
         S7,
@@ -289,13 +283,19 @@ STAGES = [
         ),
         True,
     ),  # fmt: skip
+    ("grpo_7b_lora_mb4", S7, dict(**GRPO, **LORA, per_device_train_batch_size=4), True),
     (
         "qlora4_unpacked_7b_mb4",
         S7,
         dict(stage="sft", **LORA, **UNPACKED, quantization_bit=4, per_device_train_batch_size=4),
         False,
     ),  # fmt: skip
-    ("grpo_7b_lora_mb4", S7, dict(**GRPO, **LORA, per_device_train_batch_size=4), True),
+    (
+        "dpo_1.5b_lora_mb4",
+        S15,
+        dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=4),
+        True,
+    ),
 ]
 MIN_LEFT_S = 75  # a run is skipped when less of --budget is left
 REWARD_PY = """def length_reward(prompts, completions, **_):
@@ -375,14 +375,39 @@ def child(spec: dict) -> None:
         )
     from lmstack.train.run import train
 
+    widths = record_batch_widths()
     t0 = time.time()
     train(None, spec["config"])
-    out = {"wall_s": round(time.time() - t0, 1), "status": "ok"}
+    out = {"wall_s": round(time.time() - t0, 1), "status": "ok", "drawn": widths}
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         out.update(measured_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3),
                    reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 3))  # fmt: skip
     print("RESULT " + json.dumps(out), flush=True)
+
+
+def record_batch_widths() -> dict:
+    """The token batches the run really formed: every embedding lookup's [rows, width] is recorded, the
+    widest training one (grad on) and the widest no-grad one (reference / KL / generation prefill). The
+    planner is then re-run at these widths (`at_drawn`): its memory model's own error, apart from the
+    sampling bound it predicts a short run with."""
+    import torch
+
+    seen = {"train_rows": 0, "train_width": 0, "train_tokens": 0, "nograd_width": 0}
+    forward = torch.nn.Embedding.forward
+
+    def recording(self, ids):
+        if ids.dim() == 2:
+            rows, width = ids.shape
+            if torch.is_grad_enabled():
+                if rows * width > seen["train_tokens"]:
+                    seen.update(train_rows=int(rows), train_width=int(width), train_tokens=int(rows * width))
+            else:
+                seen["nograd_width"] = max(seen["nograd_width"], int(width))
+        return forward(self, ids)
+
+    torch.nn.Embedding.forward = recording
+    return seen
 
 
 def free_port() -> int:
@@ -425,6 +450,18 @@ def local_row(
             100 * (row["predicted_reserved_gib"] - row["reserved_gib"]) / row["reserved_gib"], 1
         )
     return row
+
+
+def at_drawn(cfg: dict, drawn: dict, gpu_gib: float, measured: float) -> dict:
+    """The planner's allocated figure at the widths the run drew (its prediction used the data's bound)."""
+    width = drawn["train_width"]
+    prompt = max(width - int(cfg.get("max_new_tokens", 0)), 0) if cfg.get("stage") in ("grpo", "rloo", "ppo") else None
+    try:
+        got = predict(cfg, gpu_gib, seq_len=width, prompt_len=prompt)["allocated"]
+    except Exception as err:  # noqa: BLE001 - reported in the row, the measurement stands
+        return {"error": f"{type(err).__name__}: {err}"}
+    return {"seq_len": width, "prompt_len": prompt, "allocated_gib": got,
+            "error_pct": round(100 * (got - measured) / measured, 1)}  # fmt: skip
 
 
 def merge(out: Path, rows: list[dict]) -> dict:
@@ -502,6 +539,9 @@ def main_stages(args) -> None:
         if cpu_ok or not args.dry_run:
             measured = run_child(cfg, min(args.timeout, left - 10), work / f"{name}.log", env)
         row = local_row(name, arch, cfg, predicted, lengths, measured, gpu)
+        drawn = measured.get("drawn") or {}
+        if drawn.get("train_width") and row.get("measured_gib"):
+            row["at_drawn"] = at_drawn(cfg, drawn, gpu_gib, row["measured_gib"])
         if env:
             row["env"] = env
         summary = merge(out, [row])

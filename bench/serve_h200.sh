@@ -21,7 +21,7 @@ for arch in ${ARCHS//,/ }; do
       || echo "$arch-$name failed: see $OUT/server-$arch-$name.log"
   }
   run hf-batch32 --api-arg=--max-batch=32
-  run hf-batch1 --api-arg=--max-batch=1
+  run hf-batch1 --api-arg=--max-batch=1 --requests 8  # one at a time: 8 requests say its rate
   [ "$VLLM" = yes ] && run vllm infer_backend=vllm
 done
 cat "$OUT/serve.jsonl"
