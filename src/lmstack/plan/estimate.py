@@ -12,8 +12,9 @@ FINETUNING_TYPES = ("full", "freeze", "lora")
 OPTIMIZERS = ("adamw", "galore", "apollo", "badam", "muon")  # use_galore | use_apollo | use_badam | use_muon
 ATTENTIONS = ("flash", "sdpa", "eager")
 # lm: the causal-LM loss (HF / Liger / lmstack's chunked CE); trl_logprob: TRL's fused log-prob head;
-# full_logits: [tokens x vocab] logits + fp32 log-softmax (ORPO/CPO, lmstack's PPO); value_head: rm
-LOSS_PATHS = ("lm", "trl_logprob", "full_logits", "value_head")
+# full_logits: [tokens x vocab] logits + fp32 log-softmax (ORPO/CPO, lmstack's PPO); full_logits_no_nll:
+# the same without the NLL term over the chosen half (SimPO, pref_ftx 0); value_head: rm
+LOSS_PATHS = ("lm", "trl_logprob", "full_logits", "full_logits_no_nll", "value_head")
 REFERENCES = ("none", "adapter_off", "copy")
 FSDP_SHARDING = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}  # FSDP mode -> equivalent ZeRO stage
 
@@ -332,10 +333,14 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
     full = s.finetuning_type == "full"
     if s.loss_path == "trl_logprob":
         return mem.trl_logprob_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
-    if s.loss_path == "full_logits":
-        return mem.logits_bytes(tokens, spec.vocab_size, fused=False)
+    if s.loss_path in ("full_logits", "full_logits_no_nll"):
+        logits = mem.logits_bytes(tokens, spec.vocab_size, fused=False)
+        if s.loss_path == "full_logits_no_nll":
+            logits -= mem.PREF_NLL_BYTES_PER_CHOSEN * (tokens // 2) * spec.vocab_size
+        return logits
     if s.loss_path == "value_head":
-        return mem.VALUE_HEAD_INPUT_BYTES * tokens * spec.hidden_size
+        hidden_states = mem.VALUE_HEAD_MARGIN_BYTES * tokens * spec.hidden_size * (spec.num_layers + 1)
+        return mem.VALUE_HEAD_INPUT_BYTES * tokens * spec.hidden_size + hidden_states
     if s.fused_ce and not _liger(s):  # lmstack's chunked linear CE (models/kernels.py)
         logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
     else:

@@ -66,7 +66,10 @@ def stage_fields(plan: RunPlan, spec: ModelSpec) -> dict:
     out: dict = {"stage": stage, "packed": plan.packing, "expandable_segments": plan.allocator.expandable}
     if stage == "dpo":
         free = ft.pref_loss in REFERENCE_FREE_LOSSES
-        out.update(rows_per_example=2, loss_path="full_logits" if free else "trl_logprob",
+        loss = "trl_logprob"
+        if free:  # SimPO runs TRL's CPO with cpo_alpha = pref_ftx: no NLL term when it is 0
+            loss = "full_logits_no_nll" if ft.pref_loss == "simpo" and not ft.pref_ftx else "full_logits"
+        out.update(rows_per_example=2, loss_path=loss,
                    reference="none" if free else _reference(cfg))  # fmt: skip
     elif stage == "kto":
         out.update(loss_path="trl_logprob", reference=_reference(cfg), kl_batch=True)

@@ -120,9 +120,18 @@ def tokenized_lengths(cfg, attr) -> tuple[np.ndarray, str]:
 
 
 def seen_rows(plan: RunPlan, rows: int) -> int:
-    t = plan.cfg.training
+    """Distinct rows a max_steps run draws. grpo/rloo (TRL's RepeatSampler): each prompt is drawn once
+    and answered num_generations times, and per_device_train_batch_size counts answers, so a step
+    draws micro_batch / num_generations prompts."""
+    from lmstack.config.stages import STAGE_SPECS
+
+    cfg = plan.cfg
+    t = cfg.training
     if t.max_steps and t.max_steps > 0:
-        return min(rows, t.max_steps * plan.micro_batch * t.gradient_accumulation_steps * plan.world_size)
+        drawn = t.max_steps * plan.micro_batch * t.gradient_accumulation_steps * plan.world_size
+        if STAGE_SPECS[cfg.finetuning.stage].generates and cfg.finetuning.stage != "ppo":
+            drawn = -(-drawn // max(cfg.finetuning.num_generations, 1))
+        return min(rows, drawn)
     return rows
 
 

@@ -109,6 +109,15 @@ KV_CACHE_BYTES = 2 * BF16_BYTES
 SAMPLING_LOGITS_BYTES = 2 * FP32_BYTES
 # The value head (rm, ppo critic) runs in fp32 on the last hidden states: their fp32 copy is kept.
 VALUE_HEAD_INPUT_BYTES = FP32_BYTES
+# rm: a margin, not a modelled term. The H200 run rm_0.5b_lora_mb4 (bench/results/plan_accuracy.json)
+# peaked 0.78 GiB above the SFT-shaped model + the value head's fp32 input (12.24 vs 11.46 GiB at 8,192
+# tokens); the value head's backbone call returns every layer's hidden states (output_hidden_states), so
+# the margin scales as tokens x hidden x (layers + 1): 4.54 B each measured, 4.6 B kept (one run: a fit).
+VALUE_HEAD_MARGIN_BYTES = 4.6
+# ORPO's NLL term (TRL's ORPOTrainer; CPO with cpo_alpha > 0): cross-entropy over the chosen half's logits
+# upcast to fp32 -- 4 B x (tokens / 2) x V of UNFUSED_LOGITS_BYTES' 10 B. SimPO without pref_ftx has none:
+# measured on the H200, simpo_0.5b_lora_mb4 peaked 2.3 GiB (= 2 B x tokens x V) under orpo_0.5b_lora_mb4.
+PREF_NLL_BYTES_PER_CHOSEN = FP32_BYTES
 
 # --- overhead (REFERENCE 7.4): margins for what the planner does not model term by term ------
 CUDA_CONTEXT_GIB = 1.0  # CUDA context + cuBLAS/NCCL workspaces: 0.5-1.5 GB measured range

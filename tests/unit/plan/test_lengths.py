@@ -74,3 +74,16 @@ def test_a_short_run_is_bounded_by_the_rows_it_draws(seen):
     else:  # P(longest of `seen` random rows <= got) >= 95%
         assert (np.mean(lengths <= got)) ** seen >= 0.95 and got <= 1000
     assert bound(lengths, 16) < bound(lengths, 200) <= 1000
+
+
+def test_grpo_draws_one_prompt_per_num_generations_answers(base_cfg):
+    """TRL's RepeatSampler answers each prompt num_generations times and per_device_train_batch_size
+    counts answers: 6 steps x 8 answers / 4 generations = 12 distinct prompts, not 48 (the H200 run
+    grpo_0.5b_lora_mb8 was predicted with 48 and over-predicted)."""
+    from lmstack.plan.lengths import seen_rows
+
+    flat = {**base_cfg, "stage": "grpo", "reward_funcs": "m:f", "max_steps": 6, "per_device_train_batch_size": 8,
+            "num_generations": 4, "packing": False}  # fmt: skip
+    assert seen_rows(plan_for(build_config(flat), 1, 24), 2000) == 12
+    sft = {**base_cfg, "max_steps": 6, "per_device_train_batch_size": 8, "packing": False}
+    assert seen_rows(plan_for(build_config(sft), 1, 24), 2000) == 48

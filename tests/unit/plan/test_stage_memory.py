@@ -57,11 +57,16 @@ def test_dpo_full_keeps_a_frozen_reference_copy(qwen):
     assert params == pytest.approx(2 * 494_032_768 / mem.GIB, rel=1e-3)
 
 
-@pytest.mark.parametrize("loss", ["orpo", "simpo"])
-def test_orpo_and_simpo_have_no_reference_but_full_logits(qwen, loss):
-    req, gpu = configured(qwen("0.5b"), stage="dpo", pref_loss=loss)
+@pytest.mark.parametrize("loss, ftx", [("orpo", 0.0), ("simpo", 0.5), ("simpo", 0.0)])
+def test_orpo_and_simpo_have_no_reference_but_full_logits(qwen, loss, ftx):
+    req, gpu = configured(qwen("0.5b"), stage="dpo", pref_loss=loss, pref_ftx=ftx)
     assert req.reference == "none" and not gpu.terms
-    assert gpu.logits == pytest.approx(mem.UNFUSED_LOGITS_BYTES * 2 * 4 * 1024 * 151936 / mem.GIB)
+    tokens = 2 * 4 * 1024
+    full = mem.UNFUSED_LOGITS_BYTES * tokens * 151936
+    if loss == "simpo" and not ftx:  # CPO with cpo_alpha 0: no NLL over the chosen half's fp32 logits
+        assert req.loss_path == "full_logits_no_nll"
+        full -= mem.FP32_BYTES * tokens // 2 * 151936
+    assert gpu.logits == pytest.approx(full / mem.GIB)
 
 
 def test_kto_adds_the_kl_batch_and_the_reference_passes(qwen):
@@ -75,7 +80,9 @@ def test_kto_adds_the_kl_batch_and_the_reference_passes(qwen):
 def test_rm_scores_two_rows_without_lm_logits(qwen):
     req, gpu = configured(qwen("0.5b"), stage="rm")
     assert (req.rows_per_example, req.loss_path) == (2, "value_head")
-    assert gpu.logits == pytest.approx(4 * 2 * 4 * 1024 * 896 / mem.GIB)
+    tokens = 2 * 4 * 1024  # the value head's fp32 input + the measured margin over every layer's hidden states
+    margin = mem.VALUE_HEAD_MARGIN_BYTES * tokens * 896 * (24 + 1)
+    assert gpu.logits == pytest.approx((4 * tokens * 896 + margin) / mem.GIB)
 
 
 def test_grpo_generation_kv_cache_is_a_row_when_it_exceeds_training(qwen):
