@@ -44,7 +44,14 @@ def recomputed(tmp_path_factory):
                            seq_len=(lengths or {}).get("seq_len"), prompt_len=(lengths or {}).get("prompt_len"))  # fmt: skip
             bound_only = bool(run.get("data_aware")) and not drawn  # widths unknown: the bound may err high
             rows.append(
-                (run["name"], run["measured_gib"], pred["allocated_equiv"], run["source"], run["basis"], bound_only)
+                (
+                    run["name"],
+                    run["measured_gib"],
+                    pred["allocated_equiv"],
+                    run["source"],
+                    run["basis"],
+                    bound_only,
+                )
             )
     finally:
         for name, value in saved.items():
@@ -64,7 +71,9 @@ def test_median_error_within_5_percent_and_worst_within_17(recomputed):
     that over-prediction is the safety margin, bounded below by the next test, not the memory model's
     error (bench/results/plan_accuracy.json: grpo_0.5b_lora_mb8 and dpo_7b_lora_mb2, measured before the
     widths were recorded)."""
-    errors = sorted(abs(pred - meas) / meas * 100 for _, meas, pred, *_, bound_only in recomputed if not bound_only)
+    errors = sorted(
+        abs(pred - meas) / meas * 100 for _, meas, pred, *_, bound_only in recomputed if not bound_only
+    )
     median = (errors[len(errors) // 2] + errors[(len(errors) - 1) // 2]) / 2
     assert median <= 5.0, errors
     # measured worst 16.8%: a checkpointed 0.5B full run whose loss term the planner overestimates
@@ -77,7 +86,9 @@ def test_the_chunked_loss_is_never_under_predicted(recomputed):
     """lmstack's chunked CE as it is now, measured without Liger (plan_runs_ce_h200.json): the 6 B x chunk
     x V of the code's own tensors under-predicted these runs by 6-11%; the planner may err high, not low."""
     rows = [
-        (name, meas, pred) for name, meas, pred, source, *_ in recomputed if source == "plan_runs_ce_h200.json"
+        (name, meas, pred)
+        for name, meas, pred, source, *_ in recomputed
+        if source == "plan_runs_ce_h200.json"
     ]
     assert len(rows) == 4
     assert all(pred >= 0.97 * meas for _, meas, pred in rows), rows

@@ -80,7 +80,9 @@ def test_kto_adds_the_kl_batch_and_the_reference_passes(qwen):
 def test_rm_scores_two_rows_without_lm_logits(qwen):
     req, gpu = configured(qwen("0.5b"), stage="rm")
     assert (req.rows_per_example, req.loss_path) == (2, "value_head")
-    tokens = 2 * 4 * 1024  # the value head's fp32 input + the measured margin over every layer's hidden states
+    tokens = (
+        2 * 4 * 1024
+    )  # the value head's fp32 input + the measured margin over every layer's hidden states
     margin = mem.VALUE_HEAD_MARGIN_BYTES * tokens * 896 * (24 + 1)
     assert gpu.logits == pytest.approx((4 * tokens * 896 + margin) / mem.GIB)
 
