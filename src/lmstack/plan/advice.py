@@ -97,7 +97,10 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
         ch["fsdp"] = FSDP_YAML[s.fsdp]
     elif req.fsdp and not s.fsdp:
         ch["fsdp"] = None
-    if req.gradient_checkpointing != s.gradient_checkpointing:
+    if s.checkpoint_layers is not None:  # partial: no YAML field names k, the planner picks it under auto
+        if req.gradient_checkpointing is not None:
+            ch["gradient_checkpointing"] = "auto"
+    elif req.gradient_checkpointing != s.gradient_checkpointing:
         ch["gradient_checkpointing"] = s.gradient_checkpointing
     if req.checkpoint_offload != s.checkpoint_offload:
         ch["use_unsloth_gc"] = s.checkpoint_offload
@@ -123,14 +126,16 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
     return ch
 
 
-def label(c: Candidate) -> str:
+def ckpt_cell(s: Setup, layers: int) -> str:
+    """off | on | offloaded | k/N (partial: k of the N decoder layers recompute)."""
+    if s.checkpoint_layers is not None:
+        return f"{s.checkpoint_layers}/{layers}"
+    return "offloaded" if s.checkpoint_offload else "on" if s.gradient_checkpointing else "off"
+
+
+def label(c: Candidate, layers: int) -> str:
     s = c.setup
-    bits = [
-        c.strategy.name,
-        f"micro-batch {s.micro_batch}",
-        "checkpointing "
-        + ("offloaded" if s.checkpoint_offload else "on" if s.gradient_checkpointing else "off"),
-    ]
+    bits = [c.strategy.name, f"micro-batch {s.micro_batch}", f"checkpointing {ckpt_cell(s, layers)}"]
     if s.fused_ce:
         bits.append("fused CE")
     if s.fp8:
@@ -141,9 +146,9 @@ def label(c: Candidate) -> str:
 def reason(
     req: PlanRequest, rec: Candidate, same_method_best: dict[str, Candidate], same: Candidate | None
 ) -> str:
-    usable = req.gpu_memory_gib * mem.SAFETY_MARGIN
+    usable, layers = req.gpu_memory_gib * mem.SAFETY_MARGIN, req.spec.num_layers
     text = (
-        f"{label(rec)} is the fastest setup that fits: it needs {rec.estimate.gpu.total:.1f} GiB per GPU "
+        f"{label(rec, layers)} is the fastest setup that fits: it needs {rec.estimate.gpu.total:.1f} GiB per GPU "
         f"of the {usable:.1f} GiB usable ({req.gpu_memory_gib:g} GiB x {mem.SAFETY_MARGIN})"
         f", at a rough relative step cost of {rec.cost:.2f}."
     )
@@ -152,6 +157,13 @@ def reason(
             " Gradient checkpointing is on with the layer inputs offloaded (use_unsloth_gc): it re-runs each "
             f"layer's forward (~33% more compute) and parks {rec.estimate.offloaded_activations_gib:.1f} GiB "
             "of layer inputs in CPU RAM per node, copied over PCIe alongside the compute (its cost is an estimate)."
+        )
+    elif rec.setup.checkpoint_layers is not None:
+        k = rec.setup.checkpoint_layers
+        text += (
+            f" Gradient checkpointing on {k} of the {layers} decoder layers, the smallest count that fits: it "
+            f"re-runs only those layers' forward (~{33 * k / layers:.0f}% more compute); the last {layers - k} "
+            "keep their activations. gradient_checkpointing: auto picks this count when training starts."
         )
     elif rec.setup.gradient_checkpointing:
         text += " Gradient checkpointing is on: it re-runs each layer's forward (~33% more compute)."
@@ -172,7 +184,7 @@ def reason(
         why = (
             "nothing fits with the configured method on this hardware"
             if same is None
-            else f"the best setup of the configured method ({label(same)}) costs {same.cost:.2f}, "
+            else f"the best setup of the configured method ({label(same, layers)}) costs {same.cost:.2f}, "
             f">= {METHOD_CHANGE_MIN_SPEEDUP}x this one"
         )
         text += f" THIS CHANGES THE METHOD ({was} -> {rec.strategy.method}): {why}."

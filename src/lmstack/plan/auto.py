@@ -34,14 +34,15 @@ def find_template(name: str) -> str:
 
 
 def auto_values(draft: RunPlan, gpu_memory_gib: float | None = None) -> tuple[dict, str, bool]:
-    """({field: value} for every `auto` field of the draft plan's config, a log line, fits)."""
+    """({field: value} for every `auto` field of the draft plan's config, a log line, fits). A partial
+    checkpointing choice adds `checkpoint_layers` (k) and `checkpoint_layers_reason` (the run plan's)."""
     fields = auto_fields(draft.cfg)
     memory = gpu_memory_gib if gpu_memory_gib is not None else draft.ctx.gpu_memory_gib
     if draft.device != "cuda" or memory is None:
         chosen = {name: CPU_CHOICE[name] for name in fields}
         shown = ", ".join(f"{k} -> {v}" for k, v in chosen.items())
         return chosen, f"auto on CPU (no GPU memory to size against): {shown}", True
-    from lmstack.plan import resolve_auto
+    from lmstack.plan import partial_ckpt, resolve_auto
     from lmstack.plan.from_config import request_from_plan
 
     try:
@@ -66,6 +67,11 @@ def auto_values(draft: RunPlan, gpu_memory_gib: float | None = None) -> tuple[di
             f"{draft.cfg.model.model_name_or_path} ({err}); set the value yourself"
         ) from None
     chosen = {name: decision.get(name, CPU_CHOICE[name]) for name in fields}
+    if decision.get("checkpoint_layers") is not None:  # partial checkpointing: not a config field, a plan one
+        chosen["checkpoint_layers"] = decision["checkpoint_layers"]
+        chosen["checkpoint_layers_reason"] = partial_ckpt.reason(
+            decision["checkpoint_layers"], req.spec.num_layers, memory
+        )
     if chosen.get("deepspeed"):
         chosen["deepspeed"] = find_template(chosen["deepspeed"])
     return chosen, decision["message"], bool(decision["fits"])

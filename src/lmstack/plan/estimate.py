@@ -39,6 +39,9 @@ class Setup:
     seq_len: int = 2048
     gradient_checkpointing: bool = False
     checkpoint_offload: bool = False  # use_unsloth_gc: the checkpointed layer inputs wait in CPU RAM
+    checkpoint_layers: int | None = (
+        None  # with checkpointing: the first k decoder layers recompute; None = all
+    )
     attention: str = "sdpa"
     fused_ce: bool = False
     optimizer: str = "adamw"  # OPTIMIZERS
@@ -129,6 +132,10 @@ def validate_setup(s: Setup) -> None:
     if s.checkpoint_offload and not s.gradient_checkpointing:
         raise ValueError(
             "checkpoint_offload: offloads the checkpointed layer inputs; needs gradient_checkpointing"
+        )
+    if s.checkpoint_layers is not None and (not s.gradient_checkpointing or s.checkpoint_layers < 1):
+        raise ValueError(
+            f"checkpoint_layers: got {s.checkpoint_layers}; needs gradient_checkpointing and at least 1 layer"
         )
     if s.num_gpus < 1 or s.micro_batch < 1 or s.seq_len < 1 or s.nodes < 1:
         raise ValueError("num_gpus, nodes, micro_batch and seq_len must all be >= 1")
@@ -286,13 +293,29 @@ def _activation_layers(spec: ModelSpec, s: Setup) -> int:
     return spec.num_layers
 
 
+def recomputed_layers(spec: ModelSpec, s: Setup) -> int:
+    """Decoder layers that recompute in the backward: 0 without checkpointing, the first checkpoint_layers
+    of them with partial checkpointing, all otherwise."""
+    if not s.gradient_checkpointing:
+        return 0
+    return spec.num_layers if s.checkpoint_layers is None else min(s.checkpoint_layers, spec.num_layers)
+
+
+def kept_recomputed(spec: ModelSpec, s: Setup) -> tuple[int, int]:
+    """(layers keeping their activations, layers recomputed) among the layers that store activations (the
+    last _activation_layers of the stack: freeze-tuning stores none below its first trainable layer)."""
+    layers = _activation_layers(spec, s)
+    recomputed = max(0, recomputed_layers(spec, s) - (spec.num_layers - layers))
+    return layers - recomputed, recomputed
+
+
 def offloaded_activations(spec: ModelSpec, s: Setup) -> float:
     """CPU bytes of one rank's offloaded layer inputs (0 unless checkpoint_offload)."""
     if not s.checkpoint_offload:
         return 0.0
     return (
         train_tokens(s)
-        * _activation_layers(spec, s)
+        * kept_recomputed(spec, s)[1]
         * mem.checkpointed_bytes_per_token_layer(spec.hidden_size)
     )
 
@@ -302,15 +325,14 @@ def activations(spec: ModelSpec, s: Setup) -> float:
     per_layer = mem.activation_bytes_per_token_layer(spec.hidden_size, spec.kv_dim, spec.intermediate_size)
     if s.attention == "eager":
         per_layer += mem.eager_attention_bytes_per_token_layer(spec.num_heads, s.seq_len)
-    layers = _activation_layers(spec, s)
-    tokens = train_tokens(s)
-    if s.checkpoint_offload:
-        gpu, _ = mem.offloaded_checkpoint_bytes(
-            tokens, layers, per_layer, spec.hidden_size, activation_factor(s)
+    tokens, factor = train_tokens(s), activation_factor(s)
+    if not s.gradient_checkpointing:
+        return mem.activation_bytes(
+            tokens, _activation_layers(spec, s), per_layer, spec.hidden_size, False, factor
         )
-        return gpu
-    return mem.activation_bytes(
-        tokens, layers, per_layer, spec.hidden_size, s.gradient_checkpointing, activation_factor(s)
+    kept, recomputed = kept_recomputed(spec, s)
+    return mem.partial_checkpoint_bytes(
+        tokens, kept, recomputed, per_layer, spec.hidden_size, factor, s.checkpoint_offload
     )
 
 
@@ -345,9 +367,10 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
         logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
     else:
         logits = mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce, zero3=s.deepspeed_stage == 3)
-    if s.gradient_checkpointing and s.fused_ce:
+    if s.gradient_checkpointing and s.fused_ce and kept_recomputed(spec, s)[0] == 0:
         # the fused loss runs at the end of the forward, the one-layer recompute during the backward:
         # they never coexist, so only the part of the loss chunk above that layer adds to the peak
+        # (with layers keeping their activations the loss adds to those: partial checkpointing)
         logits = max(0.0, logits - _recompute_layer_bytes(spec, s))
     return logits
 

@@ -287,6 +287,31 @@ def offloaded_checkpoint_bytes(
     return gpu, tokens * layers * inputs
 
 
+def partial_checkpoint_bytes(
+    tokens: int,
+    kept: int,
+    recomputed: int,
+    full_layer_bytes_per_token: float,
+    hidden: int,
+    factor: float = 1.0,
+    offload: bool = False,
+) -> float:
+    """GPU activation bytes with only ``recomputed`` of the layers checkpointed (the first ones) and ``kept``
+    layers (the last ones) keeping their activations: the peak is the end of the forward, kept x full +
+    the recomputed layers' inputs (offloaded: in CPU RAM; the GPU holds the input in flight and the
+    prefetched one). In the backward the kept layers are freed before the first recompute, so the
+    recomputed layer never adds to them. ``kept`` = 0 is full checkpointing (activation_bytes)."""
+    inputs = checkpointed_bytes_per_token_layer(hidden)
+    if kept == 0:
+        if offload:
+            return offloaded_checkpoint_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, factor)[
+                0
+            ]
+        return activation_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, True, factor)
+    held = (1 + OFFLOAD_PREFETCH_LAYERS) if offload else recomputed
+    return tokens * (kept * full_layer_bytes_per_token * factor + min(held, recomputed) * inputs)
+
+
 def logits_bytes(
     tokens: int, vocab: int, fused: bool, chunk_tokens: int = FUSED_CE_CHUNK_TOKENS, zero3: bool = False
 ) -> float:

@@ -28,13 +28,16 @@ from lmstack.plan.advice import (
     unsupported,
     yaml_changes,
 )
-from lmstack.plan.estimate import Estimate, Setup, estimate, validate_setup
+from lmstack.plan.estimate import Estimate, Setup, estimate, recomputed_layers, validate_setup
 from lmstack.plan.model_spec import ModelSpec
 from lmstack.plan.parallel import Layout, enumerate_layouts
+from lmstack.plan.partial_ckpt import describe, smallest_fitting
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 # --- rough relative cost model (time per token; 1.0 = plain DDP, fused CE, flash, big batch) --
-RECOMPUTE_COST = 1.33  # full checkpointing adds one forward: 8N vs 6N FLOPs (REFERENCE 6.1)
+RECOMPUTE_COST = (
+    1.33  # full checkpointing adds one forward: 8N vs 6N FLOPs (REFERENCE 6.1); k of L layers: k/L of it
+)
 ZERO12_COMM_COST = 1.02  # reduce-scatter + all-gather = DDP all-reduce volume (ZeRO paper §7)
 ZERO3_COMM_COST = 1.15  # 1.5x DDP volume, per-layer gathers in fwd and bwd; rough
 OFFLOAD_OPTIMIZER_COST = 1.6  # CPU Adam step + PCIe copies of grads/params; rough (ZeRO-Offload)
@@ -318,11 +321,28 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
     )
     attns = [req.attention] + (["sdpa"] if req.attention == "eager" else [])
     out = []
-    for st, ckpt, mb, fu, at in itertools.product(strategies, ckpts, mbs, fused, attns):
-        if ckpt == CKPT_OFFLOADED and open_all and (st.deepspeed_stage == 3 or st.fsdp):
-            continue  # use_unsloth_gc is refused with sharded weights (plan/decide.py): not a choice
-        out.append(evaluate(req, st, _apply(base, st, ckpt, mb, fu, at, req.fp8_allowed)))
+    for st, mb, fu, at in itertools.product(strategies, mbs, fused, attns):
+        row = {}
+        for ckpt in ckpts:
+            if ckpt == CKPT_OFFLOADED and open_all and (st.deepspeed_stage == 3 or st.fsdp):
+                continue  # use_unsloth_gc is refused with sharded weights (plan/decide.py): not a choice
+            row[ckpt] = evaluate(req, st, _apply(base, st, ckpt, mb, fu, at, req.fp8_allowed))
+        out += row.values()
+        if CKPT_OFF in row and CKPT_FULL in row:  # checkpointing left to the planner: partial rows too
+            out += [c for c in [partial_checkpointing(req, row[CKPT_OFF], row[CKPT_FULL])] if c]
     return out
+
+
+def partial_checkpointing(req: PlanRequest, off: Candidate, full: Candidate) -> Candidate | None:
+    """The smallest number of recomputed layers (1 .. N-1) that fits (plan/partial_ckpt.py), for a row
+    that does not fit without checkpointing and fits with every layer recomputed; None otherwise."""
+    if off.fits or not full.fits:
+        return None
+
+    def with_layers(k: int) -> Candidate:
+        return evaluate(req, full.strategy, replace(full.setup, checkpoint_layers=k))
+
+    return smallest_fitting(with_layers, req.spec.num_layers)
 
 
 def checkpointing_modes(req: PlanRequest, open_all: bool) -> list[tuple[bool, bool]]:
@@ -357,7 +377,7 @@ def relative_cost(spec: ModelSpec, s: Setup) -> float:
         cost *= ZERO12_COMM_COST
     cost *= OFFLOAD_OPTIMIZER_COST if s.offload_optimizer else 1.0
     cost *= OFFLOAD_PARAM_COST if s.offload_param else 1.0
-    cost *= RECOMPUTE_COST if s.gradient_checkpointing else 1.0
+    cost *= 1.0 + (RECOMPUTE_COST - 1.0) * recomputed_layers(spec, s) / max(spec.num_layers, 1)
     cost *= 1.0 + offload_checkpoint_cost(spec, s)
     cost *= 1.0 if s.fused_ce else UNFUSED_CE_COST
     cost *= EAGER_ATTENTION_COST if s.attention == "eager" else 1.0
@@ -438,7 +458,7 @@ def plan(req: PlanRequest) -> PlanResult:
     if rec is None:
         smallest = min(cands, key=lambda c: c.estimate.gpu.total)
         notes.append(
-            f"nothing fits, not even with LoRA/QLoRA; smallest: {label(smallest)} at {smallest.estimate.gpu.total:.1f} GiB"
+            f"nothing fits, not even with LoRA/QLoRA; smallest: {label(smallest, req.spec.num_layers)} at {smallest.estimate.gpu.total:.1f} GiB"
         )
     return PlanResult(req, cands, configured, rec, megatron, notes)
 
@@ -447,7 +467,8 @@ def resolve_auto(req: PlanRequest) -> dict[str, object]:
     """Concrete values for fields set to ``auto`` (deepspeed, micro-batch, checkpointing) + a log line.
 
     Keys present only for auto fields: ``deepspeed`` (config path or None),
-    ``per_device_train_batch_size``, ``gradient_checkpointing``; always ``fits`` and ``message``.
+    ``per_device_train_batch_size``, ``gradient_checkpointing`` (and ``checkpoint_layers`` when only that
+    many decoder layers recompute: plan/partial_ckpt.py); always ``fits`` and ``message``.
     The method is never changed here; when nothing fits the smallest setup is returned with a warning.
     """
     if req.deepspeed_stage == "auto":
@@ -471,7 +492,11 @@ def resolve_auto(req: PlanRequest) -> dict[str, object]:
         out["per_device_train_batch_size"] = s.micro_batch
     if req.gradient_checkpointing is None:
         out["gradient_checkpointing"] = s.gradient_checkpointing
-    shown = ", ".join(f"{k}={v}" for k, v in out.items())
+        if s.checkpoint_layers is not None:  # partial: k of the decoder layers recompute
+            out["checkpoint_layers"] = s.checkpoint_layers
+    shown = ", ".join(f"{k}={v}" for k, v in out.items() if k != "checkpoint_layers")
+    if s.checkpoint_layers is not None:
+        shown += f" ({describe(s.checkpoint_layers, req.spec.num_layers)})"
     total = chosen.estimate.gpu.total
     if fits:
         msg = f"plan: auto -> {shown} (predicted {total:.1f} GiB of {req.gpu_memory_gib:g} GiB per GPU)"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from lmstack.plan import partial_ckpt
+from lmstack.plan.advice import ckpt_cell
 from lmstack.plan.estimate import estimate
 from lmstack.plan.memory import MemoryBreakdown
 from lmstack.plan.recommend import Candidate, PlanResult, _best_per_strategy
@@ -25,10 +27,12 @@ BREAKDOWN_ROWS = (
 def shown_candidates(result: PlanResult) -> list[Candidate]:
     """Best variant per (strategy, checkpointing): fastest fitting, else the smallest."""
     rows: list[Candidate] = []
-    for ckpt in ((False, False), (True, False), (True, True)):  # off, full, offloaded (use_unsloth_gc)
+    # off, full, offloaded (use_unsloth_gc), partial (k of the N layers recompute: plan/partial_ckpt.py)
+    for ckpt in ((False, False, False), (True, False, False), (True, True, False), (True, False, True)):
         group = [
             c for c in result.candidates
-            if (c.setup.gradient_checkpointing, c.setup.checkpoint_offload) == ckpt
+            if (c.setup.gradient_checkpointing, c.setup.checkpoint_offload,
+                c.setup.checkpoint_layers is not None) == ckpt
         ]  # fmt: skip
         rows += list(_best_per_strategy(group).values()) if group else []
     return sorted(rows, key=lambda c: (not c.fits, c.cost))
@@ -44,6 +48,7 @@ def candidate_dict(c: Candidate) -> dict[str, object]:
         "micro_batch": c.setup.micro_batch,
         "gradient_checkpointing": c.setup.gradient_checkpointing,
         "checkpoint_offload": c.setup.checkpoint_offload,
+        "checkpoint_layers": c.setup.checkpoint_layers,  # partial checkpointing: layers recomputed (None: all)
         "fused_ce": c.setup.fused_ce,
         "attention": c.setup.attention,
         "finetuning_type": c.setup.finetuning_type,
@@ -128,14 +133,21 @@ def format_table(result: PlanResult) -> str:
         cells = [
             f"{name:<24}",
             f"{c.setup.micro_batch:>7}",
-            f"{'offload' if c.setup.checkpoint_offload else 'on' if c.setup.gradient_checkpointing else 'off':>7}",
+            f"{ckpt_cell(c.setup, req.spec.num_layers).replace('offloaded', 'offload'):>7}",
         ]
         cells += [f"{v:>7.1f}" for v in nums] + [f"{'✓' if c.fits else '✗':>7}"]
         lines.append("  ".join(cells) + (f"  {c.why_not}" if c.why_not else ""))
     lines.append(
-        "(* = method change; frag and ctx are margins for what the planner does not model term by term)"
+        "(* = method change; ckpt k/N = the first k of the N decoder layers recompute, the rest keep their "
+        "activations; frag and ctx are margins for what the planner does not model term by term)"
     )
     if result.configured is not None:
+        k = result.configured.setup.checkpoint_layers
+        if k is not None:  # the planner's partial checkpointing (gradient_checkpointing: auto)
+            lines.append(
+                "gradient_checkpointing: auto -> "
+                + partial_ckpt.reason(k, req.spec.num_layers, req.gpu_memory_gib)
+            )
         lines.append(f"configured setup ({result.configured.strategy.name}), per GPU:")
         lines += breakdown_lines(result.configured)
     rec = result.recommendation

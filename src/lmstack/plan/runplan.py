@@ -64,6 +64,9 @@ class RunPlan:
     reasons: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # documented fallbacks, said once (warnings)
     checkpoint_offload: bool = False  # the checkpointed layer inputs wait in CPU RAM (use_unsloth_gc)
+    # with checkpointing: how many decoder layers recompute (the first ones; plan/partial_ckpt.py), chosen by
+    # the planner under gradient_checkpointing: auto; None = every layer (an explicit true, use_unsloth_gc)
+    checkpoint_layers: int | None = None
 
     @classmethod
     def resolve(cls, cfg: Config, ctx: LaunchContext, resolve_auto: bool = True) -> RunPlan:
@@ -164,6 +167,7 @@ class RunPlan:
             "fsdp": f"{self.fsdp.sharding} ({self.fsdp.source})" if self.fsdp else None,
             "checkpointing": self.checkpointing,
             "checkpoint_offload": self.checkpoint_offload,
+            "checkpoint_layers": (self.checkpoint_layers or "all") if self.checkpointing else None,
             "micro_batch": self.micro_batch,
             "allocator": self.allocator.label,
         }
@@ -239,9 +243,18 @@ def _resolve(cfg: Config, ctx: LaunchContext, resolve_auto: bool) -> RunPlan:
 
     draft = _resolve_once(cfg, ctx, cfg)
     chosen, message, fits = auto_values(draft)
+    layers, layers_why = chosen.pop("checkpoint_layers", None), chosen.pop("checkpoint_layers_reason", "")
     resolved = cfg.model_copy(update={"training": cfg.training.model_copy(update=chosen)})
     plan = _resolve_once(resolved, ctx, cfg)
     plan.reasons["auto"] = message
+    if layers is not None and plan.checkpointing:
+        if plan.unsloth:  # Unsloth applies its own checkpointing to every layer at load
+            layers_why = (
+                f"all: Unsloth checkpoints every layer itself (the planner's choice was {layers_why})"
+            )
+            layers = None
+        plan = replace(plan, checkpoint_layers=layers)
+        plan.reasons["checkpoint_layers"] = layers_why
     if not fits:
         return replace(plan, notes=(*plan.notes, message))
     return plan

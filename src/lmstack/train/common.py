@@ -120,9 +120,15 @@ def enable_gradient_checkpointing(plan: RunPlan, model: Any) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if plan.checkpoint_layers is not None:  # partial: the planner's count (plan/partial_ckpt.py)
+        from lmstack.models.checkpointing import keep_activations_above
+
+        keep_activations_above(model, plan.checkpoint_layers)
     if cfg.finetuning.finetuning_type != "full":
         model.enable_input_require_grads()  # frozen embeddings: reentrant checkpoints need a grad-requiring input
     where = ", layer inputs offloaded to CPU RAM" if plan.checkpoint_offload else ""
+    if plan.checkpoint_layers is not None:
+        where += f", only the first {plan.checkpoint_layers} decoder layers recompute"
     logger.info(
         "gradient checkpointing enabled (%s%s)", ", ".join(f"{k}={v}" for k, v in kwargs.items()), where
     )
