@@ -1,0 +1,138 @@
+"""Partial gradient checkpointing chosen by the planner (issue 19 "memory-bounded speed", issue 20): under
+`gradient_checkpointing: auto` on a GPU the run plan recomputes only the smallest number of decoder layers
+that fits (plan.checkpoint_layers); an explicit true keeps every layer; the estimate counts k recomputed
+and N - k full layers, the cost k/N of the recompute; `lmstack plan` shows the k/N rows and the decision."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from lmstack.config.load import build_config
+from lmstack.launch.context import LaunchContext
+from lmstack.plan import format_table, plan
+from lmstack.plan import memory as mem
+from lmstack.plan.estimate import Setup, estimate
+from lmstack.plan.model_spec import ModelSpec
+from lmstack.plan.recommend import RECOMPUTE_COST, relative_cost
+from lmstack.plan.runplan import RunPlan
+from lmstack.plan.whatif import gpu_context, request_from_config
+from lmstack.train.preflight import check
+
+H200 = ((9, 0), "NVIDIA H200")
+N = 28  # Qwen2.5-7B's decoder layers
+EVERYTHING = frozenset({"deepspeed", "bitsandbytes", "liger_kernel", "torchao"})
+YAML = dict(output_dir="o", bf16=True, cutoff_len=2048, packing=True, finetuning_type="lora", lora_target="all",
+            per_device_train_batch_size=8, gradient_accumulation_steps=1, fp8=True)  # fmt: skip
+
+
+@pytest.fixture
+def qwen7b(tmp_path, qwen_shapes) -> str:
+    d = tmp_path / "qwen2.5-7b"
+    d.mkdir()
+    config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **qwen_shapes["7b"]}
+    (d / "config.json").write_text(json.dumps(config))
+    return str(d)
+
+
+def resolve(path: str, gib: float, **over) -> RunPlan:
+    return RunPlan.resolve(
+        build_config({**YAML, "model_name_or_path": path, **over}), gpu_context(1, gib, *H200)
+    )
+
+
+def request(path: str, gib: float, **over):
+    cfg = build_config({**YAML, "model_name_or_path": path, **over})
+    return replace(
+        request_from_config(cfg, 1, gib, gpu_capability=H200[0], gpu_name=H200[1]), available=EVERYTHING
+    )
+
+
+def configured_at(path: str, gib: float, k: int | None):
+    """The configured candidate's setup with k recomputed layers, estimated."""
+    req = request(path, gib)
+    s = replace(plan(req).configured.setup, gradient_checkpointing=True, checkpoint_layers=k)
+    return estimate(req.spec, s).gpu.total
+
+
+def test_7b_lora_8x2048_fp8_on_24gb_checkpoints_the_fewest_layers_that_fit(qwen7b):
+    p = resolve(qwen7b, 24)
+    k = p.checkpoint_layers
+    assert p.checkpointing and k is not None and 1 <= k < N
+    usable = 24 * mem.SAFETY_MARGIN
+    assert configured_at(qwen7b, 24, k) <= usable < configured_at(qwen7b, 24, k - 1)  # the smallest that fits
+    assert (
+        p.reasons["checkpoint_layers"]
+        == f"checkpointing {k} of {N} layers: the smallest count that fits 24 GiB"
+    )
+    assert p.decisions()["checkpoint_layers"] == k
+    assert f"checkpoint_layers {k}" in " ".join(p.describe().split())
+    # more memory, fewer recomputed layers; enough for everything: none
+    roomier = resolve(qwen7b, 80)
+    assert roomier.checkpoint_layers is not None and roomier.checkpoint_layers < k
+    assert resolve(qwen7b, 141, per_device_train_batch_size=1).checkpointing is False
+
+
+def test_every_layer_when_only_full_checkpointing_fits(qwen7b):
+    """A GPU where all-checkpointed fits and N - 1 layers do not: k = N (None: every layer)."""
+    full, almost = configured_at(qwen7b, 24, None), configured_at(qwen7b, 24, N - 1)
+    gib = (full + almost) / 2 / mem.SAFETY_MARGIN
+    p = resolve(qwen7b, gib)
+    assert p.checkpointing and p.checkpoint_layers is None
+    assert p.decisions()["checkpoint_layers"] == "all" and "checkpoint_layers" not in p.reasons
+
+
+def test_an_explicit_true_keeps_every_layer_and_cpu_is_unchanged(qwen7b, base_cfg):
+    p = resolve(qwen7b, 24, gradient_checkpointing=True)
+    assert p.checkpointing and p.checkpoint_layers is None
+    cpu = RunPlan.resolve(build_config(base_cfg), LaunchContext())
+    assert cpu.checkpointing is False and cpu.checkpoint_layers is None
+    assert cpu.decisions()["checkpoint_layers"] is None
+    unsloth_gc = resolve(qwen7b, 24, use_unsloth_gc=True)  # LF: every layer, its input offloaded
+    assert unsloth_gc.checkpoint_offload and unsloth_gc.checkpoint_layers is None
+
+
+def test_the_estimate_counts_k_recomputed_and_n_minus_k_full_layers(specs):
+    spec: ModelSpec = specs["qwen2.5-7b"]
+    s = Setup(finetuning_type="lora", micro_batch=8, seq_len=2048, gradient_checkpointing=True, fused_ce=True)
+    tokens, h = 8 * 2048, spec.hidden_size
+    off = estimate(spec, replace(s, gradient_checkpointing=False)).gpu.activations
+    full_layer = off / N  # no checkpointing: N full layers
+    layer_input = tokens * 2 * h / mem.GIB  # what a checkpointed layer keeps: its bf16 input
+    for k in (1, 10, 27):
+        part = estimate(spec, replace(s, checkpoint_layers=k)).gpu.activations
+        assert part == pytest.approx((N - k) * full_layer + k * layer_input)
+        cost = relative_cost(spec, replace(s, checkpoint_layers=k)) / relative_cost(
+            spec, replace(s, gradient_checkpointing=False)
+        )
+        assert cost == pytest.approx(1 + (RECOMPUTE_COST - 1) * k / N)
+    # offloaded: only the k recomputed layers' inputs wait in CPU RAM; the GPU holds the kept layers
+    parked = estimate(spec, replace(s, checkpoint_layers=10, checkpoint_offload=True))
+    assert parked.offloaded_activations_gib == pytest.approx(10 * layer_input)
+    assert parked.gpu.activations == pytest.approx(18 * full_layer + 2 * layer_input)
+    # the loss head coexists with the kept layers' activations (it never does with full checkpointing's recompute)
+    assert estimate(spec, replace(s, checkpoint_layers=27)).gpu.logits > estimate(spec, s).gpu.logits
+
+
+def test_plan_table_shows_partial_rows_and_the_recommendation_is_accepted_by_check(qwen7b, base_cfg):
+    result = plan(request(qwen7b, 24, gradient_checkpointing=False))
+    rec = result.recommendation
+    k = rec.candidate.setup.checkpoint_layers
+    assert k is not None and 1 <= k < N and not rec.candidate.changes_method
+    assert rec.yaml_changes["gradient_checkpointing"] == "auto"  # no YAML field names k: auto picks it
+    assert f"checkpointing {k}/{N}" in rec.reason and f"on {k} of the {N} decoder layers" in rec.reason
+    table = format_table(result)
+    assert f"{k}/{N}" in table and "ckpt k/N" in table
+    auto = format_table(plan(request(qwen7b, 24)))
+    assert (
+        f"gradient_checkpointing: auto -> checkpointing {k} of {N} layers: the smallest count that fits 24 GiB"
+        in auto
+    )
+    # the change on a config (the tiny model in place of the 7B one) passes the rules on an H200
+    here = LaunchContext.from_env(probe_cuda=False).packages
+    flat = {**base_cfg, "fp8": True, "bf16": True, **rec.yaml_changes}
+    check(RunPlan.resolve(build_config(flat), replace(gpu_context(1, 24, *H200), packages=here)), launch=True)
+    # and the 7B config with it resolves to the same k
+    assert resolve(qwen7b, 24, **rec.yaml_changes).checkpoint_layers == k
