@@ -45,6 +45,18 @@ def init_process_group(timeout_s: int, cuda: bool, local_rank: int) -> None:
         dist.init_process_group(backend="gloo", timeout=timeout)
 
 
+def shutdown() -> None:
+    """After a successful run: every rank meets, then the process groups are destroyed while the
+    interpreter is alive. Without it, gloo's worker threads can outlive finalization and abort the
+    process at exit ("terminate called without an active exception", SIGABRT; pytorch/pytorch#190489)
+    after the run had finished. Not on a failure path: a rank stuck in a collective would hang it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def barrier_group(timeout_s: int):
     import torch.distributed as dist
 

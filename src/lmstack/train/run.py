@@ -73,4 +73,8 @@ def train(config_path: str | None, overrides: list[str] | dict | None = None) ->
         cfg.finetuning.finetuning_type,
         cfg.training.output_dir,
     )
-    return STAGES[plan.stage.name](plan)
+    result = STAGES[plan.stage.name](plan)
+    from lmstack.launch.dist import shutdown
+
+    shutdown()  # a torchrun worker: its process groups go before the interpreter does
+    return result
