@@ -5,10 +5,15 @@ milliseconds per decode forward, the prefills' share of the wall time, and host 
 per step (wall minus all forward time, over steps x rows).
 
     python bench/batcher_bench.py MODEL_DIR [--batch 1 8 32] [--max-tokens 128] [--repeat 3]
-        [--stop STRING] [--results bench/results/serve_cpu.jsonl] [--name NAME]
+        [--stop STRING] [--loop] [--results bench/results/serve_cpu.jsonl] [--name NAME]
 
 Stop tokens are off (every sequence runs `--max-tokens` steps); `--stop` adds a stop string that
-never appears, so its hold-back and search are measured too. The best of `--repeat` runs is kept.
+never appears, so its hold-back and search are measured too. `--loop`: the events go through the
+server's `Runs` into an asyncio loop in the main thread, which JSON-encodes one SSE chunk per
+coalesced piece (the serving path without HTTP: batcher vs event loop under one GIL). The best of
+`--repeat` runs is kept. On a GPU the model runs in bfloat16 on cuda:0 and the forward timer
+synchronizes (so decode_forward_ms is the forward's real time). On CPU torch runs one thread (on a
+small shared machine more threads make every op wait on the others).
 """
 
 from __future__ import annotations
@@ -26,19 +31,27 @@ def load(model_dir: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    return model, AutoTokenizer.from_pretrained(model_dir)
+    if torch.cuda.is_available():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda:0")
+    else:
+        torch.set_num_threads(1)
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+    return model.eval(), AutoTokenizer.from_pretrained(model_dir)
 
 
 def forward_timer(model) -> list[float]:
     """Accumulates the seconds spent inside model forwards: [decode, prefill]."""
+    import torch
+
     spent, started = [0.0, 0.0], [0.0]
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else lambda: None
 
     def before(module, args, kwargs):
+        sync()
         started[0] = time.perf_counter()
 
     def after(module, args, kwargs, output):
+        sync()
         spent[kwargs["input_ids"].shape[1] > 1] += time.perf_counter() - started[0]
 
     model.register_forward_pre_hook(before, with_kwargs=True)
@@ -46,12 +59,10 @@ def forward_timer(model) -> list[float]:
     return spent
 
 
-def one_run(model, tokenizer, spent, batch: int, max_tokens: int, stop: tuple[str, ...]) -> dict:
-    from lmstack.infer.batching import Scheduler
-    from lmstack.infer.sampling import Generation, Sampling
+def direct(scheduler, prompts: list, sampling) -> tuple[list, int]:
+    """Sinks called in the batcher's thread; (results, pieces)."""
+    from lmstack.infer.sampling import Generation
 
-    prompts = [tokenizer(f"Hello number {i}, tell me a story.")["input_ids"] for i in range(batch)]
-    scheduler = Scheduler(model, tokenizer, stop_ids=[], max_batch=batch)
     done: queue.Queue = queue.Queue()
     pieces = [0]
 
@@ -61,12 +72,46 @@ def one_run(model, tokenizer, spent, batch: int, max_tokens: int, stop: tuple[st
         else:
             pieces[0] += 1
 
+    for ids in prompts:
+        scheduler.submit(ids, sampling, sink, threading.Event())
+    return [done.get(timeout=600) for _ in prompts], pieces[0]
+
+
+def through_loop(scheduler, prompts: list, sampling) -> tuple[list, int]:
+    """The server's hand-off: `Runs` per request, an asyncio loop encoding SSE chunks."""
+    import asyncio
+
+    from lmstack.infer.sampling import Generation, Piece
+    from lmstack.infer.server import Runs
+
+    async def stream(ids) -> tuple[Generation, int]:
+        runs, chunks, result = Runs(scheduler, [(ids, sampling)], threading.Event()), 0, None
+        async for batch in runs.batches():
+            for _, event in batch:
+                if isinstance(event, Piece):
+                    json.dumps({"choices": [{"index": 0, "delta": {"content": event.text}}]})
+                    chunks += 1
+                else:
+                    result = event
+        return result, chunks
+
+    async def main():
+        return await asyncio.gather(*(stream(ids) for ids in prompts))
+
+    out = asyncio.run(main())
+    return [r for r, _ in out], sum(n for _, n in out)
+
+
+def one_run(model, tokenizer, spent, batch: int, max_tokens: int, stop: tuple, loop: bool) -> dict:
+    from lmstack.infer.batching import Scheduler
+    from lmstack.infer.sampling import Generation, Sampling
+
+    prompts = [tokenizer(f"Hello number {i}, tell me a story.")["input_ids"] for i in range(batch)]
+    scheduler = Scheduler(model, tokenizer, stop_ids=[], max_batch=batch)
     sampling = Sampling(max_tokens=max_tokens, stop=stop)
     decode0, prefill0 = spent
     start = time.perf_counter()
-    for ids in prompts:
-        scheduler.submit(ids, sampling, sink, threading.Event())
-    results = [done.get(timeout=600) for _ in prompts]
+    results, pieces = (through_loop if loop else direct)(scheduler, prompts, sampling)
     wall = time.perf_counter() - start
     scheduler.close()
     bad = [r for r in results if not isinstance(r, Generation)]
@@ -82,7 +127,7 @@ def one_run(model, tokenizer, spent, batch: int, max_tokens: int, stop: tuple[st
         "decode_forward_ms": round(decode / max(1, steps) * 1e3, 3),
         "prefill_share": round(prefill / wall, 3),
         "host_us_per_row_step": round((wall - decode - prefill) / max(1, steps * batch) * 1e6, 1),
-        "pieces": pieces[0],
+        "pieces": pieces,
     }
 
 
@@ -93,16 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--stop", action="append", default=[])
+    p.add_argument("--loop", action="store_true", help="through the server's Runs and an asyncio loop")
     p.add_argument("--results", help="append the JSON lines to this file too")
     p.add_argument("--name", default="batcher_bench")
     args = p.parse_args(argv)
+    import torch
+
     model, tokenizer = load(args.model_dir)
     spent = forward_timer(model)
-    one_run(model, tokenizer, spent, 2, 8, tuple(args.stop))  # warm-up
+    stop = tuple(args.stop)
+    one_run(model, tokenizer, spent, 2, 8, stop, args.loop)  # warm-up
     lines = []
     for batch in args.batch:
         runs = [
-            one_run(model, tokenizer, spent, batch, args.max_tokens, tuple(args.stop))
+            one_run(model, tokenizer, spent, batch, args.max_tokens, stop, args.loop)
             for _ in range(args.repeat)
         ]
         best = max(runs, key=lambda r: r["steps_per_s"])
@@ -111,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             "model": args.model_dir,
             "max_tokens": args.max_tokens,
             "stop": args.stop,
+            "path": "asyncio loop via Runs" if args.loop else "sinks in the batcher thread",
             **best,
-            "gpu": "cpu",
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
             "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         lines.append(json.dumps(line))
