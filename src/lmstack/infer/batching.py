@@ -256,9 +256,10 @@ class Scheduler:
             self._select(keep)
         if not self.active:
             return
-        device = self.model.device
-        tokens = torch.tensor([[s.out[-1]] for s in self.active], device=device)
-        positions = torch.tensor([[len(s.prompt) + len(s.out) - 1] for s in self.active], device=device)
+        # each row's last token and its position, in one host-to-device copy
+        rows = torch.tensor([[s.out[-1], len(s.prompt) + len(s.out) - 1] for s in self.active])
+        rows = rows.to(self.mask.device)
+        tokens, positions = rows[:, :1], rows[:, 1:]
         self.mask = torch.cat([self.mask, torch.ones_like(tokens)], dim=1)
         out = self.model(
             input_ids=tokens,
