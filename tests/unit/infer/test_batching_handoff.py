@@ -6,6 +6,7 @@ loop was busy into one piece per choice, text and logprobs intact; the fast deco
 from __future__ import annotations
 
 import asyncio
+import queue
 import random
 import threading
 import time
@@ -123,3 +124,39 @@ def test_a_tokenizer_that_cleans_up_spaces_keeps_its_own_decode(tiny_model):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model, clean_up_tokenization_spaces=True)
     assert _exact_decoder(tokenizer) == tokenizer.decode
+
+
+@pytest.mark.gpu
+def test_bf16_logits_on_cuda_give_the_same_greedy_tokens_and_float_logprobs(tiny_model):
+    """The batcher keeps the forward's logits in bf16 (argmax is exact on them) and casts only for
+    sampling and logprobs: on CUDA, batched greedy rows equal their runs alone, logprobs are <= 0."""
+    cfg = {
+        "model_name_or_path": str(tiny_model),
+        "template": "qwen",
+        "infer_dtype": "bfloat16",
+        "do_sample": False,
+        "max_new_tokens": 24,
+    }
+    gpu = ChatEngine.from_config(load_infer_config(None, cfg), max_batch=4)
+    assert gpu.model.device.type == "cuda"
+    prompts = ["Hello there", "What is 2 + 2?", "你好"]
+    jobs = [
+        (gpu.prompt_ids([{"role": "user", "content": p}]), Sampling(max_tokens=24, logprobs=True))
+        for p in prompts
+    ]
+
+    def run(batch):
+        sinks = [queue.Queue() for _ in batch]
+        for (ids, sampling), sink in zip(batch, sinks, strict=True):
+            gpu.submit(ids, sampling, sink.put, threading.Event())
+        out = []
+        for sink in sinks:
+            while not isinstance(event := sink.get(timeout=120), Generation):
+                pass
+            out.append(event)
+        return out
+
+    alone = [run([job])[0] for job in jobs]
+    together = run(jobs)
+    assert [r.text for r in together] == [r.text for r in alone]
+    assert all(all(e.logprob <= 0.0 for e in r.logprobs) for r in together)
