@@ -10,8 +10,14 @@ batch at once (its cache rows are dropped, and columns that became padding for e
 
 Each sequence has its own sampling settings and its own `torch.Generator` (seeded by `seed`), so a
 sequence's tokens do not depend on what else is in the batch (up to float rounding of batched
-kernels). Text is detokenized incrementally (a few tokens of context) and held back while it could
-still become a stop string, so streamed pieces and the full text agree.
+kernels). Text is detokenized incrementally (a few tokens of context, through the Rust tokenizer
+directly where that gives exactly `tokenizer.decode`'s text) and held back while it could still
+become a stop string, so streamed pieces and the full text agree.
+
+A step's events (every row's `Piece`, the `Generation`s of rows that end) are handed out together
+after the step's tokens are chosen: sinks that share a `many` attribute (a function taking
+[(sink, event), ...]) get them in one call, so a server crosses into its event loop once per step,
+not once per row; other sinks are called one event at a time.
 
 Caches that are not plain `DynamicLayer`s (sliding-window, hybrid models) cannot be left-padded and
 merged: such models are served one sequence at a time by the same loop (logged once).
@@ -79,6 +85,8 @@ class Scheduler:
         self.mergeable: bool | None = None
         self._json_vocab: Any = None
         self._token_text: dict[int, str] = {}
+        self._decode = _exact_decoder(tokenizer)
+        self._outbox: list[tuple[Sink, Any]] = []  # events of the running step (see `_flush`)
         self._cache_kwarg: str | None = None
         self.steps = 0  # decode forwards run (for tests and measurements)
         self.thread: threading.Thread | None = None
@@ -128,6 +136,7 @@ class Scheduler:
                         self._step()
             except Exception as err:  # a failed forward fails the sequences it was running
                 logger.error("batched generation failed: %s", err, exc_info=err)
+                self._flush()
                 for seq in self.active:
                     seq.sink(err)
                 self._reset()
@@ -194,7 +203,7 @@ class Scheduler:
             self.mergeable = all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
             if not self.mergeable:
                 logger.info("this model's KV cache cannot be batched: sequences are generated one at a time")
-        logits = out.logits[:, -1, :].float()
+        logits = out.logits[:, -1, :]  # the model's dtype: argmax is exact on it; sampling rows are cast
         mask = torch.ones((1, len(seq.prompt)), dtype=torch.long, device=device)
         if self.cache is None:
             self.cache, self.mask, self.logits = cache, mask, logits
@@ -233,22 +242,24 @@ class Scheduler:
 
         greedy = self.logits.argmax(-1).tolist()
         want_logprobs = any(s.sampling.logprobs for s in self.active)
-        logprobs = self.logits.log_softmax(-1) if want_logprobs else None
+        logprobs = self.logits.float().log_softmax(-1) if want_logprobs else None
         keep = []
         for i, seq in enumerate(self.active):
-            token = greedy[i] if seq.sampling.plain else self._choose(seq, self.logits[i])
+            token = greedy[i] if seq.sampling.plain else self._choose(seq, self.logits[i].float())
             self._accept(seq, token, None if logprobs is None else logprobs[i])
             if seq.finished is None:
                 keep.append(i)
             else:
                 self._finish(seq)
+        self._flush()  # before the forward: the pieces go out while it runs
         if len(keep) < len(self.active):
             self._select(keep)
         if not self.active:
             return
-        device = self.model.device
-        tokens = torch.tensor([[s.out[-1]] for s in self.active], device=device)
-        positions = torch.tensor([[len(s.prompt) + len(s.out) - 1] for s in self.active], device=device)
+        # each row's last token and its position, in one host-to-device copy
+        rows = torch.tensor([[s.out[-1], len(s.prompt) + len(s.out) - 1] for s in self.active])
+        rows = rows.to(self.mask.device)
+        tokens, positions = rows[:, :1], rows[:, 1:]
         self.mask = torch.cat([self.mask, torch.ones_like(tokens)], dim=1)
         out = self.model(
             input_ids=tokens,
@@ -257,7 +268,7 @@ class Scheduler:
             **{self._cache_arg(): self.cache},
             use_cache=True,
         )
-        self.logits = out.logits[:, -1, :].float()
+        self.logits = out.logits[:, -1, :]
         self.steps += 1
 
     def _select(self, keep: list[int]) -> None:
@@ -337,7 +348,7 @@ class Scheduler:
         """New text of the last token, decoded with a few tokens of context; '' while the bytes so far
         are not whole UTF-8 (the text appears with the token that completes it)."""
         start, read = seq.read
-        decode = self.tokenizer.decode
+        decode = self._decode
         skip = self.skip_special_tokens
         before = decode(seq.out[start:read], skip_special_tokens=skip)
         now = decode(seq.out[start:], skip_special_tokens=skip)
@@ -348,22 +359,29 @@ class Scheduler:
 
     def _emit(self, seq: Sequence, upto: int) -> None:
         if upto > seq.sent:
-            seq.sink(Piece(seq.text[seq.sent : upto], seq.unsent_logprobs))
+            self._outbox.append((seq.sink, Piece(seq.text[seq.sent : upto], seq.unsent_logprobs)))
             seq.sent, seq.unsent_logprobs = upto, []
+
+    def _flush(self) -> None:
+        """Hands out the step's events in order; those of sinks sharing a `many` in one call."""
+        out, self._outbox = self._outbox, []
+        groups: dict[Any, list[tuple[Sink, Any]]] = {}
+        for sink, event in out:
+            many = getattr(sink, "many", None)
+            if many is None:
+                sink(event)
+            else:
+                groups.setdefault(many, []).append((sink, event))
+        for many, items in groups.items():
+            many(items)
 
     def _finish(self, seq: Sequence) -> None:
         self._emit(seq, len(seq.text))
         if seq.unsent_logprobs:  # tokens whose text was cut by a stop string
-            seq.sink(Piece("", seq.unsent_logprobs))
-        seq.sink(
-            Generation(
-                seq.text,
-                len(seq.prompt),
-                len(seq.out),
-                seq.finished or "stop",
-                seq.logprobs if seq.sampling.logprobs else None,
-            )
-        )
+            self._outbox.append((seq.sink, Piece("", seq.unsent_logprobs)))
+        logprobs = seq.logprobs if seq.sampling.logprobs else None
+        result = Generation(seq.text, len(seq.prompt), len(seq.out), seq.finished or "stop", logprobs)
+        self._outbox.append((seq.sink, result))
 
 
 IDLE_SECONDS = 2.0  # the loop's thread ends after this long without work
@@ -376,6 +394,26 @@ def _register_exit_hook() -> None:
     if not _HOOKED:
         _HOOKED.append(True)
         atexit.register(lambda: [s.close(timeout=2.0) for s in list(_LIVE)])
+
+
+def _exact_decoder(tokenizer: Any) -> Any:
+    """`tokenizer.decode`, or the Rust tokenizer's own decode where that is exactly what
+    `tokenizer.decode` would return (a tokenizers-backed tokenizer that overrides no decoding and
+    applies no space clean-up): the same text at a fraction of the per-call cost."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return tokenizer.decode
+    kind = type(tokenizer)
+    plain = (
+        isinstance(tokenizer, TokenizersBackend)
+        and kind.decode is PreTrainedTokenizerBase.decode
+        and kind._decode is TokenizersBackend._decode
+    )
+    if not plain or tokenizer.clean_up_tokenization_spaces:
+        return tokenizer.decode
+    return tokenizer._tokenizer.decode
 
 
 def _json_start() -> Any:

@@ -137,26 +137,29 @@ class Reply:
 
         results: dict[int, Generation] = {}
         try:
-            for i in range(runs.count):
-                yield delta(i, {"role": "assistant", "content": ""})
-            async for i, event in runs.events():
-                if isinstance(event, Piece):
-                    if not buffered:
-                        lp = _chat_logprobs(event.logprobs) if self.req.logprobs else None
-                        yield delta(i, {"content": event.text}, logprobs=lp)
-                    continue
-                results[i] = event
-                if buffered:
-                    message, finish = self.message(event)
-                    message.pop("role")
-                    lp = _chat_logprobs(event.logprobs) if event.logprobs is not None else None
-                    if message.get("tool_calls"):
-                        for j, call in enumerate(message["tool_calls"]):
-                            call["index"] = j
-                    yield delta(i, {k: v for k, v in message.items() if v is not None}, logprobs=lp)
-                    yield delta(i, {}, finish)
-                else:
-                    yield delta(i, {}, event.finish_reason)
+            yield "".join(delta(i, {"role": "assistant", "content": ""}) for i in range(runs.count))
+            async for batch in runs.batches():  # one write per batch of events
+                chunks = []
+                for i, event in batch:
+                    if isinstance(event, Piece):
+                        if not buffered:
+                            lp = _chat_logprobs(event.logprobs) if self.req.logprobs else None
+                            chunks.append(delta(i, {"content": event.text}, logprobs=lp))
+                        continue
+                    results[i] = event
+                    if buffered:
+                        message, finish = self.message(event)
+                        message.pop("role")
+                        lp = _chat_logprobs(event.logprobs) if event.logprobs is not None else None
+                        if message.get("tool_calls"):
+                            for j, call in enumerate(message["tool_calls"]):
+                                call["index"] = j
+                        content = {k: v for k, v in message.items() if v is not None}
+                        chunks += [delta(i, content, logprobs=lp), delta(i, {}, finish)]
+                    else:
+                        chunks.append(delta(i, {}, event.finish_reason))
+                if chunks:
+                    yield "".join(chunks)
             if usage:
                 ordered = [results[i] for i in sorted(results)]
                 prompt = ordered[0].prompt_tokens if ordered else 0
@@ -194,15 +197,20 @@ class Reply:
         usage = bool((self.req.stream_options or {}).get("include_usage"))
         results, offsets = [], [0] * runs.count
         try:
-            async for i, event in runs.events():
-                if isinstance(event, Piece):
-                    lp = _text_logprobs(event.logprobs, offsets[i]) if self.req.logprobs is not None else None
-                    offsets[i] += len(event.text)
-                    choice = {"index": i, "text": event.text, "logprobs": lp, "finish_reason": None}
-                else:
-                    results.append(event)
-                    choice = {"index": i, "text": "", "logprobs": None, "finish_reason": event.finish_reason}
-                yield self._chunk(kind, [choice])
+            async for batch in runs.batches():  # one write per batch of events
+                chunks = []
+                for i, event in batch:
+                    if isinstance(event, Piece):
+                        logprobs = self.req.logprobs is not None
+                        lp = _text_logprobs(event.logprobs, offsets[i]) if logprobs else None
+                        offsets[i] += len(event.text)
+                        choice = {"index": i, "text": event.text, "logprobs": lp, "finish_reason": None}
+                    else:
+                        results.append(event)
+                        finish = event.finish_reason
+                        choice = {"index": i, "text": "", "logprobs": None, "finish_reason": finish}
+                    chunks.append(self._chunk(kind, [choice]))
+                yield "".join(chunks)
             if usage:
                 yield self._chunk(kind, [], usage=_usage(self.prompt_tokens, results))
         except Exception as exc:

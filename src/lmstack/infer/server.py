@@ -31,7 +31,6 @@ the batcher, one at a time, with one choice and plain sampling, and stream as on
 Fields it cannot honour are refused by name (`openai_request.py`); `user` and the like are accepted.
 """
 
-import asyncio
 import functools
 import hmac
 import json
@@ -39,7 +38,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -63,7 +62,8 @@ from lmstack.infer.openai_request import (
     validation_message,
 )
 from lmstack.infer.replies import Reply
-from lmstack.infer.sampling import Generation, Sampling
+from lmstack.infer.runs import Runs
+from lmstack.infer.sampling import Sampling
 
 logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
@@ -168,44 +168,6 @@ def _samplings(engine: Any, req: Any, max_tokens: int, **extra: Any) -> list[Sam
         **extra,
     )
     return [replace(base, seed=None if req.seed is None else req.seed + i) for i in range(req.n)]
-
-
-class Runs:
-    """Sequences of one request, submitted to the engine; their events arrive on an asyncio queue
-    as (choice index, Piece | Generation | Exception)."""
-
-    def __init__(self, engine: Any, jobs: list[tuple[list[int], Sampling]], cancel: threading.Event):
-        loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.count = len(jobs)
-
-        def sink_for(index: int) -> Callable[[Any], None]:
-            def sink(event: Any) -> None:
-                try:
-                    loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
-                except RuntimeError:  # the loop is gone (server shutting down)
-                    pass
-
-            return sink
-
-        for index, (ids, sampling) in enumerate(jobs):
-            engine.submit(ids, sampling, sink_for(index), cancel)
-
-    async def events(self) -> AsyncIterator[tuple[int, Any]]:
-        left = self.count
-        while left:
-            index, event = await self.queue.get()
-            if isinstance(event, Exception):
-                raise event
-            left -= isinstance(event, Generation)
-            yield index, event
-
-    async def results(self) -> list[Generation]:
-        done: dict[int, Generation] = {}
-        async for index, event in self.events():
-            if isinstance(event, Generation):
-                done[index] = event
-        return [done[i] for i in range(self.count)]
 
 
 def create_app(engine: Any, model_name: str, api_key: str | None = None, limits: Limits = Limits()) -> Any:

@@ -277,6 +277,10 @@ class ImageRun:
             yield 0, Piece(result.text)
         yield 0, result
 
+    async def batches(self) -> AsyncIterator[list[tuple[int, Any]]]:
+        async for item in self.events():
+            yield [item]
+
     async def results(self) -> list[Generation]:
         return [event async for _, event in self.events() if isinstance(event, Generation)]
 
