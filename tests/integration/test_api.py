@@ -671,5 +671,6 @@ def test_serve_bench_measures_concurrent_chats(api_cfg, tmp_path):
     assert (tmp_path / "serve.jsonl").read_text().strip() == result.stdout.strip().splitlines()[-1]
     assert line["requests"] == 4 and line["concurrency"] == 4 and line["api_args"] == ["--max-batch=4"]
     assert 0 < line["completion_tokens"] <= 4 * CAP
-    assert line["requests_per_s"] == pytest.approx(4 / line["wall_s"], rel=0.01)
+    wall = line["wall_s"]  # rounded to 1 ms: on a fast run that rounding alone moves the rate by > 1%
+    assert 4 / (wall + 0.0005) * 0.999 <= line["requests_per_s"] <= 4 / max(wall - 0.0005, 1e-6) * 1.001
     assert 0 < line["p50_ttft_s"] <= line["p50_latency_s"] <= line["p99_latency_s"] <= line["wall_s"]
