@@ -5,6 +5,9 @@
 #   2. issue 22: 32 concurrent chats against `lmstack api` on the 0.5B (bench/serve_h200.sh), once
 #   3. issue 20: the planner's predicted stage runs (bench/plan_accuracy.py --skip-done, its JSON kept in
 #      /tmp so a re-sent tree does not reset it)
+#   4. gputests: this session's marked GPU tests and bench/batcher_bench.py on the GPU
+#   5. parity: issue 19's FP8 loss parity (bench/fp8_parity.py, 200 steps)
+# Next session, e.g.: PHASES="gputests parity plan" bash bench/call_s3.sh 585 (carry .whl/lm .whl/bnb .whl/ao)
 # carry: .whl (all of lf, liger, lm, bnb, ao, uns, serve: ~53 MB). Results under $OUT.
 #   RID=... bash bench/call_s3.sh [TOTAL_S]
 set -u
@@ -54,5 +57,23 @@ if has plan && [ "$(left)" -gt 100 ]; then
     --budget $(( $(left) - 15 )) 2>&1 | grep -v "^\[lmstack\]\|Writing model shards" | tail -25
   cp /tmp/plan_accuracy.json "$O/"
   (cd /tmp/plan_acc && tar czf "$O/plan_acc_logs.tar.gz" ./*.log 2>/dev/null)
+fi
+# 4. the GPU tests written this session (allocator, partial checkpointing, batched bf16 greedy) and the batcher's
+#    host time on the GPU (with and without the event loop), once
+if has gputests && [ ! -f /tmp/gputests.done ] && [ "$(left)" -gt 150 ]; then
+  PYTHONPATH=/tmp/site_lm:$PWD/src timeout $(( $(left) - 100 )) python3 -m pytest -q -s -p no:cacheprovider \
+    tests/gpu/test_allocator_gpu.py tests/gpu/test_partial_ckpt_gpu.py tests/unit/infer/test_batching_handoff.py 2>&1 \
+    | tail -15 | tee "$O/gpu_tests.txt" && touch /tmp/gputests.done
+  for loop in "" --loop; do
+    PYTHONPATH=/tmp/site_lm:$PWD/src timeout 45 python3 bench/batcher_bench.py /tmp/assets/qwen2.5-0.5b --batch 1 32 \
+      --max-tokens 256 --repeat 1 $loop --results "$O/batcher_gpu.jsonl" --name "h200$loop" 2>&1 | tail -3
+  done
+fi
+# 5. issue 19's FP8 loss parity: 200 steps, fp8 vs bf16 (bench/fp8_parity.py; 1.5B LoRA first)
+if has parity && [ "$(left)" -gt 200 ]; then
+  PYTHONPATH=/tmp/site_lm:$PWD/src python3 bench/make_assets.py /tmp/assets qwen2.5-1.5b 2>&1 | grep -v Writing | tail -1
+  PYTHONPATH=/tmp/site_lm:$PWD/src python3 bench/fp8_parity.py --assets /tmp/assets --set small --only 1.5b_lora \
+    --steps 200 --budget $(( $(left) - 15 )) 2>&1 | tail -6
+  cp bench/results/fp8_parity.jsonl "$O/" 2>/dev/null
 fi
 echo "done $(( $(date +%s) - T0 ))s"
