@@ -9,21 +9,14 @@ import threading
 
 import pytest
 
-from lmstack.infer.engine import ChatEngine, load_infer_config
 from lmstack.infer.sampling import Generation, Piece, Sampling
 
 PROMPTS = ["Hello there", "What is 2 + 2?", "Tell me a story.", "你好", "Name three colors.", "x " * 40]
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    cfg = {
-        "model_name_or_path": str(tiny_model),
-        "template": "qwen",
-        "do_sample": False,
-        "max_new_tokens": 48,
-    }
-    return ChatEngine.from_config(load_infer_config(None, cfg), max_batch=4)
+def engine(tiny_model, make_engine):
+    return make_engine(tiny_model, 48)
 
 
 def run(engine, jobs):

@@ -18,14 +18,8 @@ from lmstack.infer.sampling import Generation, Piece, Sampling
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
-    cfg = {
-        "model_name_or_path": str(tiny_model),
-        "template": "qwen",
-        "do_sample": False,
-        "max_new_tokens": 32,
-    }
-    return ChatEngine.from_config(load_infer_config(None, cfg), max_batch=4)
+def engine(tiny_model, make_engine):
+    return make_engine(tiny_model, 32)
 
 
 class Shared:
