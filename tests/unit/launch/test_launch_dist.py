@@ -80,3 +80,35 @@ def test_ddp_skips_the_unused_parameter_search_unless_asked(base_cfg):
 
     assert args(base_cfg).ddp_find_unused_parameters is False
     assert args({**base_cfg, "ddp_find_unused_parameters": True}).ddp_find_unused_parameters is True
+
+
+def _shutdown_worker(rank: int, port: int, results) -> None:
+    import torch.distributed as dist
+
+    from lmstack.launch import dist as ldist
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    ldist.init_process_group(60, False, rank)
+    ldist.barrier_group(60)  # a second group: shutdown destroys it too
+    ldist.shutdown()
+    results[rank] = dist.is_initialized()
+    ldist.shutdown()  # a no-op once the groups are gone
+
+
+def test_shutdown_destroys_every_process_group_on_both_ranks():
+    """train/run.py calls shutdown() after a finished stage: gloo groups left to interpreter finalization
+    can abort a finished rank (SIGABRT, seen in CI's two-node test)."""
+    from lmstack.launch.torchrun import free_port
+
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        results = manager.dict()
+        port = free_port()
+        procs = [ctx.Process(target=_shutdown_worker, args=(r, port, results)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0, 0]
+        assert dict(results) == {0: False, 1: False}
