@@ -46,7 +46,8 @@ tokenize_on_main_first(p)
 STAGES[p.stage.name](p)
 torch.cuda.synchronize()
 print("PEAKS " + json.dumps({"allocated": torch.cuda.max_memory_allocated() / 2**30, "predicted": predicted,
-                             "checkpoint_layers": p.checkpoint_layers, "checkpointing": p.checkpointing}))
+                             "checkpoint_layers": p.checkpoint_layers, "checkpointing": p.checkpointing,
+                             "offload": p.checkpoint_offload}))
 """
 
 
@@ -85,7 +86,8 @@ def config(assets, out: Path) -> dict:
 
 
 def budget_between_full_and_none(cfg: dict) -> float:
-    """GiB halfway between the planner's peaks with every layer and with no layer checkpointed."""
+    """GiB halfway between the planner's peaks with every layer and with no layer checkpointed (offloaded
+    when cfg has use_unsloth_gc)."""
     from lmstack.config.load import build_config
     from lmstack.plan import memory as mem
     from lmstack.plan import plan
@@ -93,13 +95,22 @@ def budget_between_full_and_none(cfg: dict) -> float:
 
     totals = {}
     for gc in (True, False):
-        req = request_from_config(build_config({**cfg, "gradient_checkpointing": gc}), 1, 1000)
+        over = (
+            {"gradient_checkpointing": gc}
+            if gc
+            else {"gradient_checkpointing": False, "use_unsloth_gc": False}
+        )
+        req = request_from_config(build_config({**cfg, **over}), 1, 1000)
         totals[gc] = plan(req).configured.estimate.gpu.total
     return (totals[True] + totals[False]) / 2 / mem.SAFETY_MARGIN
 
 
-def test_partial_run_fits_its_budget_and_matches_the_planner(assets, tmp_path):
+@pytest.mark.parametrize("offload", [False, True], ids=["recompute", "use_unsloth_gc"])
+def test_partial_run_fits_its_budget_and_matches_the_planner(assets, tmp_path, offload):
+    """use_unsloth_gc under auto: the recomputed layers' inputs wait in CPU RAM, the others keep theirs."""
     cfg = config(assets, tmp_path / "out")
+    if offload:
+        cfg["use_unsloth_gc"] = True
     budget = budget_between_full_and_none(cfg)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
@@ -114,6 +125,7 @@ def test_partial_run_fits_its_budget_and_matches_the_planner(assets, tmp_path):
     )
     print(report)
     assert got["checkpointing"] and got["checkpoint_layers"] is not None, report
+    assert got["offload"] is offload, report
     assert 0 < got["checkpoint_layers"] < LAYERS, report
     assert got["allocated"] < budget, report
     assert err > -0.05 and abs(err) <= 0.10, report

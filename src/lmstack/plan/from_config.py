@@ -167,10 +167,9 @@ def request_from_plan(
         kind != "lora" and ds is None and plan.fsdp is None and mixed
         and plan.precision.master_weights == "model" and plan.precision.load == "fp32"
     )  # fmt: skip
-    gc_auto = (
-        t.gradient_checkpointing == "auto" and not cfg.model.disable_gradient_checkpointing
-        and not cfg.model.use_unsloth_gc
-    )  # fmt: skip
+    # auto (the default): the planner decides; with use_unsloth_gc checkpointing stays on (LF), offloaded,
+    # and auto decides how many layers recompute (recommend.search: the fewest that fit)
+    gc_auto = t.gradient_checkpointing == "auto" and not cfg.model.disable_gradient_checkpointing
     fields = {"seq_len": plan.row_capacity or cfg.data.cutoff_len}
     fields.update(stage_fields(plan, spec))
     fields.update(fp8_fields(plan))

@@ -330,13 +330,19 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
         out += row.values()
         if CKPT_OFF in row and CKPT_FULL in row:  # checkpointing left to the planner: partial rows too
             out += [c for c in [partial_checkpointing(req, row[CKPT_OFF], row[CKPT_FULL])] if c]
+        if CKPT_OFF in row and CKPT_OFFLOADED in row:  # the recommendation: offloaded on k layers too
+            out += [c for c in [partial_checkpointing(req, row[CKPT_OFF], row[CKPT_OFFLOADED])] if c]
+        elif CKPT_OFFLOADED in row and req.checkpoint_offload and req.gradient_checkpointing is None:
+            # use_unsloth_gc under gradient_checkpointing: auto: offloaded, on the fewest layers that fit
+            out += [c for c in [partial_checkpointing(req, None, row[CKPT_OFFLOADED])] if c]
     return out
 
 
-def partial_checkpointing(req: PlanRequest, off: Candidate, full: Candidate) -> Candidate | None:
+def partial_checkpointing(req: PlanRequest, off: Candidate | None, full: Candidate) -> Candidate | None:
     """The smallest number of recomputed layers (1 .. N-1) that fits (plan/partial_ckpt.py), for a row
-    that does not fit without checkpointing and fits with every layer recomputed; None otherwise."""
-    if off.fits or not full.fits:
+    that does not fit without checkpointing and fits with every layer recomputed; None otherwise.
+    `off` None: checkpointing stays on (use_unsloth_gc), so k = 1 is a choice even when none would fit."""
+    if (off is not None and off.fits) or not full.fits:
         return None
 
     def with_layers(k: int) -> Candidate:

@@ -90,8 +90,36 @@ def test_an_explicit_true_keeps_every_layer_and_cpu_is_unchanged(qwen7b, base_cf
     cpu = RunPlan.resolve(build_config(base_cfg), LaunchContext())
     assert cpu.checkpointing is False and cpu.checkpoint_layers is None
     assert cpu.decisions()["checkpoint_layers"] is None
-    unsloth_gc = resolve(qwen7b, 24, use_unsloth_gc=True)  # LF: every layer, its input offloaded
+    unsloth_gc = resolve(
+        qwen7b, 24, use_unsloth_gc=True, gradient_checkpointing=True
+    )  # every layer, offloaded
     assert unsloth_gc.checkpoint_offload and unsloth_gc.checkpoint_layers is None
+
+
+def test_use_unsloth_gc_under_auto_offloads_the_fewest_layers_that_fit(qwen7b):
+    """use_unsloth_gc keeps checkpointing on (LF) with the inputs in CPU RAM; `gradient_checkpointing: auto`
+    (the default) then recomputes only the fewest layers that fit, never none; more memory, fewer layers."""
+    p = resolve(qwen7b, 24, use_unsloth_gc=True)
+    k = p.checkpoint_layers
+    assert p.checkpointing and p.checkpoint_offload and k is not None and 1 <= k < N
+    req = request(qwen7b, 24, use_unsloth_gc=True)
+    base = plan(req).configured.setup
+    assert base.checkpoint_offload and base.checkpoint_layers == k
+
+    def total(layers: int | None) -> float:
+        return estimate(req.spec, replace(base, checkpoint_layers=layers)).gpu.total
+
+    usable = 24 * mem.SAFETY_MARGIN
+    assert total(k) <= usable < total(k - 1)
+    assert (
+        p.reasons["checkpoint_layers"]
+        == f"checkpointing {k} of {N} layers: the smallest count that fits 24 GiB"
+    )
+    # the offloaded rows keep more layers than plain partial checkpointing on the same GPU
+    assert k < resolve(qwen7b, 24).checkpoint_layers
+    # a GPU where everything fits: one layer still recomputes (checkpointing stays on), offloaded
+    roomy = resolve(qwen7b, 141, use_unsloth_gc=True, per_device_train_batch_size=1)
+    assert roomy.checkpointing and roomy.checkpoint_offload and roomy.checkpoint_layers == 1
 
 
 def test_the_estimate_counts_k_recomputed_and_n_minus_k_full_layers(specs):
