@@ -99,20 +99,71 @@ def runs(set_name: str) -> list[Run]:
             [NO_LIGER, SDPA],
         ),
     ]
+
     # issue 19: the peers tuned as their users tune them (same token batch, checkpointing off where it
     # fits; LF's fastest: packing + Liger), next to lmstack, one workload name per row
     def lf_tuned(extra, bs, steps, ckpt):
-        cfg = {**COMMON, **LF_EXTRA, **LF_BEST, **extra, "per_device_train_batch_size": bs, "max_steps": steps}
+        cfg = {
+            **COMMON,
+            **LF_EXTRA,
+            **LF_BEST,
+            **extra,
+            "per_device_train_batch_size": bs,
+            "max_steps": steps,
+        }
         return cfg if ckpt else {**cfg, "disable_gradient_checkpointing": True}
 
     fused, peft = {"lora_kernel": "fused"}, {"lora_kernel": "peft"}
     fp8, compiled = {"fp8": True}, {"torch_compile": True}
     tuned05 = [
-        Run("llamafactory", "lf_0.5b_full_bs32", "qwen2.5-0.5b", "full", lf_tuned(FULL, 32, 30, False), 200, workload="0.5b_full"),
-        Run("lmstack", "lm_0.5b_full_bs32", "qwen2.5-0.5b", "full", lm(FULL, 32, 32), 200, [NO_LIGER], "0.5b_full"),
-        Run("llamafactory", "lf_0.5b_lora_bs32", "qwen2.5-0.5b", "lora", lf_tuned(LORA, 32, 30, False), 200, workload="0.5b_lora"),
-        Run("lmstack", "lm_0.5b_lora_bs32_fused", "qwen2.5-0.5b", "lora", {**lm(LORA, 32, 32), **fused}, 200, [NO_LIGER], "0.5b_lora"),
-        Run("lmstack", "lm_0.5b_lora_bs32_peft", "qwen2.5-0.5b", "lora", {**lm(LORA, 32, 32), **peft}, 200, [NO_LIGER], "0.5b_lora"),
+        Run(
+            "llamafactory",
+            "lf_0.5b_full_bs32",
+            "qwen2.5-0.5b",
+            "full",
+            lf_tuned(FULL, 32, 30, False),
+            200,
+            workload="0.5b_full",
+        ),
+        Run(
+            "lmstack",
+            "lm_0.5b_full_bs32",
+            "qwen2.5-0.5b",
+            "full",
+            lm(FULL, 32, 32),
+            200,
+            [NO_LIGER],
+            "0.5b_full",
+        ),
+        Run(
+            "llamafactory",
+            "lf_0.5b_lora_bs32",
+            "qwen2.5-0.5b",
+            "lora",
+            lf_tuned(LORA, 32, 30, False),
+            200,
+            workload="0.5b_lora",
+        ),
+        Run(
+            "lmstack",
+            "lm_0.5b_lora_bs32_fused",
+            "qwen2.5-0.5b",
+            "lora",
+            {**lm(LORA, 32, 32), **fused},
+            200,
+            [NO_LIGER],
+            "0.5b_lora",
+        ),
+        Run(
+            "lmstack",
+            "lm_0.5b_lora_bs32_peft",
+            "qwen2.5-0.5b",
+            "lora",
+            {**lm(LORA, 32, 32), **peft},
+            200,
+            [NO_LIGER],
+            "0.5b_lora",
+        ),
     ]
     tuned7 = [
         Run("llamafactory", "lf_7b_lora_bs8", "qwen2.5-7b", "lora", lf_tuned(LORA, 8, 20, False), 240, workload="7b_lora_bs8"),
@@ -125,10 +176,35 @@ def runs(set_name: str) -> list[Run]:
     # one call per row fits the 10-minute limit. Unsloth's cfg: bench/unsloth/unsloth_run.py's arguments
     lm7 = {**lm(LORA, 8, 20), **fused}
     peers7_bs8 = [
-        Run("llamafactory", "lf_7b_lora_bs8", "qwen2.5-7b", "lora", lf_tuned(LORA, 8, 20, False), 240, workload="7b_lora_bs8"),
-        Run("unsloth", "uns_7b_lora_bs8", "qwen2.5-7b", "lora", {"bs": 8, "steps": 20, "ckpt": "none"}, 240, workload="7b_lora_bs8"),
+        Run(
+            "llamafactory",
+            "lf_7b_lora_bs8",
+            "qwen2.5-7b",
+            "lora",
+            lf_tuned(LORA, 8, 20, False),
+            240,
+            workload="7b_lora_bs8",
+        ),
+        Run(
+            "unsloth",
+            "uns_7b_lora_bs8",
+            "qwen2.5-7b",
+            "lora",
+            {"bs": 8, "steps": 20, "ckpt": "none"},
+            240,
+            workload="7b_lora_bs8",
+        ),
         Run("lmstack", "lm_7b_lora_bs8_fused", "qwen2.5-7b", "lora", lm7, 200, [NO_LIGER], "7b_lora_bs8"),
-        Run("lmstack", "lm_7b_lora_bs8_fp8", "qwen2.5-7b", "lora", {**lm7, "fp8": True}, 200, [NO_LIGER], "7b_lora_bs8"),
+        Run(
+            "lmstack",
+            "lm_7b_lora_bs8_fp8",
+            "qwen2.5-7b",
+            "lora",
+            {**lm7, "fp8": True},
+            200,
+            [NO_LIGER],
+            "7b_lora_bs8",
+        ),
     ]
     peers7_24g = [
         Run("llamafactory", "lf_7b_lora_bs8_unsloth_gc", "qwen2.5-7b", "lora",
@@ -136,11 +212,18 @@ def runs(set_name: str) -> list[Run]:
         Run("unsloth", "uns_7b_lora_bs8_gc", "qwen2.5-7b", "lora", {"bs": 8, "steps": 20, "ckpt": "unsloth"}, 240, workload="7b_lora_24g"),
         Run("lmstack", "lm_7b_lora_bs8_ckpt_fused", "qwen2.5-7b", "lora", {**lm7, "gradient_checkpointing": True}, 200, [NO_LIGER], "7b_lora_24g"),
         Run("lmstack", "lm_7b_lora_bs8_unsloth_gc_fp8", "qwen2.5-7b", "lora", {**lm7, "use_unsloth_gc": True, "fp8": True}, 200, [NO_LIGER], "7b_lora_24g"),
+        # the planner's own choice for a 24 GiB GPU (emulated): offloaded checkpointing on the fewest layers
+        Run("lmstack", "lm_7b_lora_bs8_auto24_unsloth_gc_fp8", "qwen2.5-7b", "lora",
+            {**lm7, "use_unsloth_gc": True, "fp8": True, "_gpu_gib": 24}, 200, [NO_LIGER], "7b_lora_24g"),
         Run("lmstack", "lm_7b_lora_bs8_use_unsloth", "qwen2.5-7b", "lora",
             {**lm(LORA, 8, 20), "use_unsloth": True, "enable_liger_kernel": False, "gradient_checkpointing": True}, 240,
             workload="7b_lora_24g", site="uns"),
     ]  # fmt: skip
     sets = {
+        # the 24 GiB row again: the peers, lmstack's all-layer offload, and the planner's fewest-layer offload
+        "peers7_24g_auto": [
+            r for r in peers7_24g if r.site != "uns" and r.name != "lm_7b_lora_bs8_ckpt_fused"
+        ],
         "peers7": peers7_bs8 + peers7_24g,  # both 7B rows; a second call with --skip-done finishes them
         "peers7_bs8": peers7_bs8,
         "peers7_24g": peers7_24g,
@@ -155,35 +238,183 @@ def runs(set_name: str) -> list[Run]:
         # regional torch.compile (each decoder layer, plan.compile) on top of the best lmstack settings;
         # compare with tuned05's lm_ rows of the same call
         "compile": [
-            Run("lmstack", "lm_0.5b_full_bs32_compile", "qwen2.5-0.5b", "full",
-                {**lm(FULL, 32, 32), **compiled}, 300, [NO_LIGER], "0.5b_full"),
-            Run("lmstack", "lm_0.5b_lora_bs32_fused_compile", "qwen2.5-0.5b", "lora",
-                {**lm(LORA, 32, 32), **fused, **compiled}, 300, [NO_LIGER], "0.5b_lora"),
+            Run(
+                "lmstack",
+                "lm_0.5b_full_bs32_compile",
+                "qwen2.5-0.5b",
+                "full",
+                {**lm(FULL, 32, 32), **compiled},
+                300,
+                [NO_LIGER],
+                "0.5b_full",
+            ),
+            Run(
+                "lmstack",
+                "lm_0.5b_lora_bs32_fused_compile",
+                "qwen2.5-0.5b",
+                "lora",
+                {**lm(LORA, 32, 32), **fused, **compiled},
+                300,
+                [NO_LIGER],
+                "0.5b_lora",
+            ),
         ],  # fmt: skip
+        # regional compile on and off in one call, with LF tuned on the same rows (issue 19's 0.5B rows)
+        "compile05": [
+            Run(
+                "lmstack",
+                "lm_0.5b_full_bs32",
+                "qwen2.5-0.5b",
+                "full",
+                lm(FULL, 32, 32),
+                200,
+                [NO_LIGER],
+                "0.5b_full",
+            ),
+            Run(
+                "lmstack",
+                "lm_0.5b_full_bs32_compile",
+                "qwen2.5-0.5b",
+                "full",
+                {**lm(FULL, 32, 32), **compiled},
+                300,
+                [NO_LIGER],
+                "0.5b_full",
+            ),
+            Run(
+                "lmstack",
+                "lm_0.5b_lora_bs32_fused",
+                "qwen2.5-0.5b",
+                "lora",
+                {**lm(LORA, 32, 32), **fused},
+                200,
+                [NO_LIGER],
+                "0.5b_lora",
+            ),
+            Run(
+                "lmstack",
+                "lm_0.5b_lora_bs32_fused_compile",
+                "qwen2.5-0.5b",
+                "lora",
+                {**lm(LORA, 32, 32), **fused, **compiled},
+                300,
+                [NO_LIGER],
+                "0.5b_lora",
+            ),
+            Run(
+                "llamafactory",
+                "lf_0.5b_full_bs32",
+                "qwen2.5-0.5b",
+                "full",
+                lf_tuned(FULL, 32, 30, False),
+                200,
+                workload="0.5b_full",
+            ),
+            Run(
+                "llamafactory",
+                "lf_0.5b_lora_bs32",
+                "qwen2.5-0.5b",
+                "lora",
+                lf_tuned(LORA, 32, 30, False),
+                200,
+                workload="0.5b_lora",
+            ),
+        ],
         # FP8 (plan.fp8): full -> torchao float8 training, LoRA -> FP8 frozen base; same rows as tuned05/7.
         # On the 0.5B no projection is large enough for FP8 to pay: the plan notes it and runs bf16
         "fp8": [
-            Run("lmstack", "lm_0.5b_full_bs32_fp8", "qwen2.5-0.5b", "full", {**lm(FULL, 32, 32), **fp8}, 300,
-                [NO_LIGER], "0.5b_full"),
-            Run("lmstack", "lm_0.5b_lora_bs32_fused_fp8", "qwen2.5-0.5b", "lora",
-                {**lm(LORA, 32, 32), **fused, **fp8}, 300, [NO_LIGER], "0.5b_lora"),
-            Run("lmstack", "lm_7b_lora_bs8_fused_fp8", "qwen2.5-7b", "lora", {**lm(LORA, 8, 20), **fused, **fp8},
-                300, [NO_LIGER], "7b_lora_bs8"),
-            Run("lmstack", "lm_7b_lora_bs8_ckpt_fused_fp8", "qwen2.5-7b", "lora",
-                {**lm(LORA, 8, 20), **fused, **fp8, "gradient_checkpointing": True}, 300, [NO_LIGER], "7b_lora_24g"),
+            Run(
+                "lmstack",
+                "lm_0.5b_full_bs32_fp8",
+                "qwen2.5-0.5b",
+                "full",
+                {**lm(FULL, 32, 32), **fp8},
+                300,
+                [NO_LIGER],
+                "0.5b_full",
+            ),
+            Run(
+                "lmstack",
+                "lm_0.5b_lora_bs32_fused_fp8",
+                "qwen2.5-0.5b",
+                "lora",
+                {**lm(LORA, 32, 32), **fused, **fp8},
+                300,
+                [NO_LIGER],
+                "0.5b_lora",
+            ),
+            Run(
+                "lmstack",
+                "lm_7b_lora_bs8_fused_fp8",
+                "qwen2.5-7b",
+                "lora",
+                {**lm(LORA, 8, 20), **fused, **fp8},
+                300,
+                [NO_LIGER],
+                "7b_lora_bs8",
+            ),
+            Run(
+                "lmstack",
+                "lm_7b_lora_bs8_ckpt_fused_fp8",
+                "qwen2.5-7b",
+                "lora",
+                {**lm(LORA, 8, 20), **fused, **fp8, "gradient_checkpointing": True},
+                300,
+                [NO_LIGER],
+                "7b_lora_24g",
+            ),
         ],  # fmt: skip
         # both: FP8 with regional compile (the FP8 casts fuse into the compiled layers)
         "fp8_compile": [
-            Run("lmstack", "lm_0.5b_full_bs32_fp8_compile", "qwen2.5-0.5b", "full",
-                {**lm(FULL, 32, 32), **fp8, **compiled}, 300, [NO_LIGER], "0.5b_full"),
-            Run("lmstack", "lm_7b_lora_bs8_fused_fp8_compile", "qwen2.5-7b", "lora",
-                {**lm(LORA, 8, 20), **fused, **fp8, **compiled}, 300, [NO_LIGER], "7b_lora_bs8"),
+            Run(
+                "lmstack",
+                "lm_0.5b_full_bs32_fp8_compile",
+                "qwen2.5-0.5b",
+                "full",
+                {**lm(FULL, 32, 32), **fp8, **compiled},
+                300,
+                [NO_LIGER],
+                "0.5b_full",
+            ),
+            Run(
+                "lmstack",
+                "lm_7b_lora_bs8_fused_fp8_compile",
+                "qwen2.5-7b",
+                "lora",
+                {**lm(LORA, 8, 20), **fused, **fp8, **compiled},
+                300,
+                [NO_LIGER],
+                "7b_lora_bs8",
+            ),
         ],  # fmt: skip
     }
     return sets[set_name]
 
 
 # ---- one lmstack run (subprocess) ----------------------------------------------------------------
+def emulate_smaller_gpu(gib: float) -> None:
+    """The 24 GiB row on an H200: the run plan sees a GPU of `gib` GiB (so `auto` sizes for it) and the
+    caching allocator is capped at that much (a run that needs more fails with an OOM, as on such a card)."""
+    from dataclasses import replace
+
+    import torch
+
+    import lmstack.launch.context as context
+
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    torch.cuda.set_per_process_memory_fraction(min(gib / total, 1.0), 0)
+    real = context.LaunchContext.from_env.__func__
+
+    def from_env(cls, *args, **kwargs):
+        ctx = real(cls, *args, **kwargs)
+        return replace(ctx, gpu_memory_gib=min(gib, ctx.gpu_memory_gib or gib))
+
+    context.LaunchContext.from_env = classmethod(from_env)
+    logging.getLogger("lmstack").info(
+        "bench: emulating a %.0f GiB GPU (the plan's memory, the allocator's cap)", gib
+    )
+
+
 def lmstack_one(name: str, cfg: dict) -> None:
     import torch
     from transformers import TrainerCallback
@@ -243,6 +474,10 @@ def lmstack_one(name: str, cfg: dict) -> None:
     import lmstack.train.common as common
     from lmstack.train.run import train
 
+    cfg = dict(cfg)
+    gpu_gib = cfg.pop("_gpu_gib", None)
+    if gpu_gib and torch.cuda.is_available():
+        emulate_smaller_gpu(float(gpu_gib))
     steady = Steady()
     make_callbacks = common.make_callbacks
     common.make_callbacks = lambda c: make_callbacks(c) + [steady]  # the real stage, plus a timer
@@ -329,7 +564,9 @@ def stop_profile(prof, t_start: float) -> dict:
 
 # ---- orchestration -------------------------------------------------------------------------------
 DONE_FILE = "/tmp/speed_done.jsonl"  # every line of this machine's calls: --skip-done survives a re-sent tree
-UNS_SITE = "/tmp/site_uns"  # Unsloth's pinned wheels (.whl/uns + .whl/bnb + .whl/ao), never mixed with LM_SITE
+UNS_SITE = (
+    "/tmp/site_uns"  # Unsloth's pinned wheels (.whl/uns + .whl/bnb + .whl/ao), never mixed with LM_SITE
+)
 
 
 def _env(system: str, site: str = "") -> dict:
@@ -518,8 +755,24 @@ def main() -> None:
     a.add_argument(
         "--set",
         default="default",
-        choices=["default", "small", "full05", "big", "lmstack", "smoke", "compile", "tuned05", "tuned7", "peers7", "peers7_bs8", "peers7_24g", "fp8",
-                 "fp8_compile"],  # fmt: skip
+        choices=[
+            "default",
+            "small",
+            "full05",
+            "big",
+            "lmstack",
+            "smoke",
+            "compile",
+            "tuned05",
+            "tuned7",
+            "peers7",
+            "peers7_bs8",
+            "peers7_24g",
+            "peers7_24g_auto",
+            "compile05",
+            "fp8",
+            "fp8_compile",
+        ],  # fmt: skip
     )
     a.add_argument("--budget", type=float, default=540, help="seconds for all runs together")
     a.add_argument("--run-id", default=None)

@@ -297,6 +297,40 @@ STAGES = [
         True,
     ),
 ]
+# Round 4 (this session's planner, each run new to it): every run is exactly one epoch of its data
+# (`_epoch`: max_samples = the rows max_steps draws), so the batch that holds the data's longest row is formed
+# and the data-aware bound is the row length the run really reaches -- the error is the memory model's own.
+# `_steps` replaces --steps for one run (the 7B GRPO generates for most of its step).
+EPOCH = {"_epoch": True}
+STAGES_R4 = [
+    ("r4_dpo_0.5b_lora_mb8", S05, dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=8, **EPOCH), True),
+    ("r4_simpo_0.5b_lora_mb2_c2048", S05, dict(stage="dpo", pref_loss="simpo", **LORA, **{**PAIR, "cutoff_len": 2048},
+                                                per_device_train_batch_size=2, **EPOCH), True),
+    ("r4_orpo_0.5b_full_mb2", S05, dict(stage="dpo", pref_loss="orpo", finetuning_type="full", **PAIR,
+                                         per_device_train_batch_size=2, learning_rate=1e-6, **EPOCH), True),
+    ("r4_kto_0.5b_lora_mb8", S05, dict(stage="kto", dataset="synth_kto", **LORA, packing=False, cutoff_len=1024,
+                                        per_device_train_batch_size=8, **EPOCH), True),
+    ("r4_rm_0.5b_full_mb4", S05, dict(stage="rm", finetuning_type="full", **PAIR, per_device_train_batch_size=4,
+                                       learning_rate=1e-6, **EPOCH), True),
+    ("r4_grpo_0.5b_lora_mb8_g8", S05, dict(**{**GRPO, "num_generations": 8, "max_new_tokens": 128}, **LORA,
+                                            per_device_train_batch_size=8, **EPOCH), True),
+    ("r4_sft_unpacked_0.5b_lora_mb16", S05, dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=16, **EPOCH), True),
+    ("r4_dpo_1.5b_lora_mb4", S15, dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=4, **EPOCH), True),
+    ("r4_kto_1.5b_lora_mb4", S15, dict(stage="kto", dataset="synth_kto", **LORA, packing=False, cutoff_len=1024,
+                                        per_device_train_batch_size=4, **EPOCH), True),
+    ("r4_rm_1.5b_lora_mb8", S15, dict(stage="rm", **LORA, **PAIR, per_device_train_batch_size=8, **EPOCH), True),
+    ("r4_qlora4_unpacked_1.5b_mb8", S15, dict(stage="sft", **LORA, **UNPACKED, quantization_bit=4,
+                                               per_device_train_batch_size=8, **EPOCH), False),
+    ("r4_sft_unpacked_1.5b_full_mb4", S15, dict(stage="sft", finetuning_type="full", **UNPACKED,
+                                                 per_device_train_batch_size=4, **EPOCH), True),
+    ("r4_fp8_1.5b_full_mb8", S15, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=8, fp8=True), False),
+    ("r4_dpo_7b_lora_mb4", S7, dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=4, **EPOCH), True),
+    ("r4_simpo_7b_lora_mb2", S7, dict(stage="dpo", pref_loss="simpo", **LORA, **PAIR, per_device_train_batch_size=2, **EPOCH), True),
+    ("r4_qlora4_unpacked_7b_mb4", S7, dict(stage="sft", **LORA, **UNPACKED, quantization_bit=4,
+                                            per_device_train_batch_size=4, **EPOCH), False),
+    ("r4_grpo_7b_lora_mb4", S7, dict(**{**GRPO, "max_new_tokens": 64}, **LORA, per_device_train_batch_size=4,
+                                      _steps=3, **EPOCH), True),
+]  # fmt: skip
 MIN_LEFT_S = 75  # a run is skipped when less of --budget is left
 REWARD_PY = """def length_reward(prompts, completions, **_):
     return [min(len(c), 400) / 400.0 for c in completions]
@@ -330,7 +364,24 @@ def prepare_data(data_dir: Path) -> None:
     (data_dir / "dataset_info.json").write_text(json.dumps(info, indent=1))
 
 
+def epoch_rows(overrides: dict, steps: int) -> int:
+    """The rows `steps` steps draw: micro-batch x accumulation per step; prompt stages (grpo/rloo) answer
+    each prompt num_generations times, and the micro-batch counts answers."""
+    rows = (
+        steps
+        * int(overrides.get("per_device_train_batch_size", 4))
+        * int(overrides.get("gradient_accumulation_steps", 1))
+    )
+    if overrides.get("stage") in ("grpo", "rloo"):
+        rows //= int(overrides.get("num_generations", 1))
+    return rows
+
+
 def stage_config(assets: Path, work: Path, name: str, arch: str, overrides: dict, steps: int) -> dict:
+    overrides = dict(overrides)
+    steps = overrides.pop("_steps", steps)
+    if overrides.pop("_epoch", False):
+        overrides["max_samples"] = epoch_rows(overrides, steps)
     cfg = base_config(str(assets), arch, name, {"max_samples": 2000, **overrides, "max_steps": steps})
     cfg["output_dir"] = str(work / "out" / name)
     if cfg.get("reward_funcs") == "REWARD":
@@ -421,7 +472,9 @@ def run_child(cfg: dict, timeout: float, log: Path, env: dict | None = None) -> 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from benchproc import result_from_log, run_killable
 
-    rc = run_killable([sys.executable, __file__, "--child", spec], {**os.environ, **(env or {})}, timeout, log)
+    rc = run_killable(
+        [sys.executable, __file__, "--child", spec], {**os.environ, **(env or {})}, timeout, log
+    )
     got = result_from_log(log)
     if got is None:
         tail = log.read_text(errors="replace")[-1500:]
@@ -442,7 +495,7 @@ def local_row(
            "predicted_reserved_gib": predicted["reserved"], "lengths": lengths,
            "data_aware": lengths["source"] != "cutoff_len", "config": keep,
            "run_date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "gpu": gpu,
-           "chunked_ce_model": "current", **measured}  # fmt: skip
+           "chunked_ce_model": "current", "round": name.split("_")[0] if name.startswith("r4_") else "earlier", **measured}  # fmt: skip
     if row.get("measured_gib"):
         row["error_pct"] = round(100 * (row["predicted_gib"] - row["measured_gib"]) / row["measured_gib"], 1)
     if row.get("reserved_gib"):
@@ -455,7 +508,11 @@ def local_row(
 def at_drawn(cfg: dict, drawn: dict, gpu_gib: float, measured: float) -> dict:
     """The planner's allocated figure at the widths the run drew (its prediction used the data's bound)."""
     width = drawn["train_width"]
-    prompt = max(width - int(cfg.get("max_new_tokens", 0)), 0) if cfg.get("stage") in ("grpo", "rloo", "ppo") else None
+    prompt = (
+        max(width - int(cfg.get("max_new_tokens", 0)), 0)
+        if cfg.get("stage") in ("grpo", "rloo", "ppo")
+        else None
+    )
     try:
         got = predict(cfg, gpu_gib, seq_len=width, prompt_len=prompt)["allocated"]
     except Exception as err:  # noqa: BLE001 - reported in the row, the measurement stands
@@ -474,6 +531,12 @@ def merge(out: Path, rows: list[dict]) -> dict:
     doc["runs"] += rows
     doc["summary_by_basis"] = {
         b: summarize([r for r in doc["runs"] if r.get("basis") == b]) for b in ("fit", "predicted")
+    }
+    # each round of predicted runs on its own: a round's runs were all new to the planner that predicted them
+    rounds = sorted({r.get("round", "earlier") for r in doc["runs"] if r.get("basis") == "predicted"})
+    doc["summary_by_round"] = {
+        k: summarize([r for r in doc["runs"] if r.get("basis") == "predicted" and r.get("round", "earlier") == k])
+        for k in rounds
     }
     out.write_text(json.dumps(doc, indent=1))
     return doc["summary_by_basis"]
@@ -518,7 +581,8 @@ def main_stages(args) -> None:
             for r in json.loads(out.read_text())["runs"]
             if r.get("basis") == "predicted" and r.get("measured_gib")
         }
-    runs = [r for r in STAGES if (not args.only or r[0] in args.only.split(",")) and r[0] not in done]
+    chosen = {"stages": STAGES, "r4": STAGES_R4, "all": STAGES + STAGES_R4}[args.set]
+    runs = [r for r in chosen if (not args.only or r[0] in args.only.split(",")) and r[0] not in done]
     for name, arch, overrides, cpu_ok in runs:
         left = args.budget - (time.time() - t0)
         if left < MIN_LEFT_S:
@@ -549,6 +613,8 @@ def main_stages(args) -> None:
               f"err% {row.get('error_pct', '-')!s:>6} res {row.get('reserved_gib', '-')!s:>8} "
               f"{row.get('status')} {row.get('error', '')[-300:]}", flush=True)  # fmt: skip
     print("SUMMARY " + json.dumps(summary if runs else {}))
+    if runs and out.exists():
+        print("BY ROUND " + json.dumps(json.loads(out.read_text()).get("summary_by_round", {})))
 
 
 def summarize(results: list[dict]) -> dict:
@@ -565,7 +631,7 @@ def summarize(results: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("assets", nargs="?", default=None)
-    ap.add_argument("--set", default="stages", choices=["stages"])
+    ap.add_argument("--set", default="stages", choices=["stages", "r4", "all"])
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=str(Path(REPO) / "bench" / "results" / "plan_accuracy.json"))
     ap.add_argument("--work", default="/tmp/plan_acc")
