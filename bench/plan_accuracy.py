@@ -535,7 +535,9 @@ def merge(out: Path, rows: list[dict]) -> dict:
     # each round of predicted runs on its own: a round's runs were all new to the planner that predicted them
     rounds = sorted({r.get("round", "earlier") for r in doc["runs"] if r.get("basis") == "predicted"})
     doc["summary_by_round"] = {
-        k: summarize([r for r in doc["runs"] if r.get("basis") == "predicted" and r.get("round", "earlier") == k])
+        k: summarize(
+            [r for r in doc["runs"] if r.get("basis") == "predicted" and r.get("round", "earlier") == k]
+        )
         for k in rounds
     }
     out.write_text(json.dumps(doc, indent=1))
