@@ -23,8 +23,9 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 WORDS = "the model learns from data and every answer follows the question in a few clear words".split()
 CHILD = """
-import json, sys, torch
+import json, logging, sys, torch
 from lmstack.train.run import train
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)  # the run plan's lines (the CLI sets this up)
 train(None, json.loads(sys.argv[1]))
 torch.cuda.synchronize()
 get = getattr(torch._C, "_accelerator_getAllocatorSettings", None)

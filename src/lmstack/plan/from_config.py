@@ -196,6 +196,8 @@ def request_from_plan(
         gradient_accumulation_steps=t.gradient_accumulation_steps,
         gradient_checkpointing=None if (search or gc_auto) else plan.checkpointing,
         checkpoint_offload=plan.checkpoint_offload,
+        # the plan's k (a resolved auto): the estimate is the run's own, not every layer's
+        checkpoint_layers=None if (search or gc_auto) else plan.checkpoint_layers,
         attention=_attention(plan),
         packing=plan.packing,
         fused_ce=plan.loss_kernel != "none"

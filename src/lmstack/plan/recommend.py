@@ -74,6 +74,8 @@ class PlanRequest:
     gradient_accumulation_steps: int = 1
     gradient_checkpointing: bool | None = None
     checkpoint_offload: bool = False  # use_unsloth_gc (the recommendation's search opens it)
+    # a resolved run plan's partial checkpointing (plan.checkpoint_layers): k of the layers recompute
+    checkpoint_layers: int | None = None
     attention: str = "sdpa"
     packing: bool = False
     fused_ce: bool | None = False
@@ -175,7 +177,7 @@ def _base_setup(req: PlanRequest) -> Setup:
         deepspeed_stage=stage, offload_optimizer=req.offload_optimizer, offload_param=req.offload_param,
         fsdp=req.fsdp_sharding if req.fsdp else None, micro_batch=req.micro_batch or 1,
         seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing or req.checkpoint_offload),
-        checkpoint_offload=req.checkpoint_offload,
+        checkpoint_offload=req.checkpoint_offload, checkpoint_layers=req.checkpoint_layers,
         attention=req.attention, fused_ce=bool(req.fused_ce), optimizer=req.optimizer,
         optimizer_rank=req.optimizer_rank, liger=req.liger, fp32_model_weights=req.fp32_model_weights,
         fp32_adapters=req.fp32_adapters, stage=req.stage, rows_per_example=req.rows_per_example,
@@ -262,6 +264,7 @@ def _apply(
         base, deepspeed_stage=st.deepspeed_stage, offload_optimizer=st.offload_optimizer,
         offload_param=st.offload_param, fsdp=st.fsdp, gradient_checkpointing=ckpt[0],
         checkpoint_offload=ckpt[1], micro_batch=mb, fused_ce=fused, attention=attn,
+        checkpoint_layers=base.checkpoint_layers if ckpt[0] else None,
     )  # fmt: skip
     if st.fp8 is not None:
         s = replace(s, fp8=fp8 if st.fp8 else None)

@@ -164,3 +164,21 @@ def test_plan_table_shows_partial_rows_and_the_recommendation_is_accepted_by_che
     check(RunPlan.resolve(build_config(flat), replace(gpu_context(1, 24, *H200), packages=here)), launch=True)
     # and the 7B config with it resolves to the same k
     assert resolve(qwen7b, 24, **rec.yaml_changes).checkpoint_layers == k
+
+
+@pytest.mark.parametrize("over", [{}, {"use_unsloth_gc": True}], ids=["recompute", "offloaded"])
+def test_a_resolved_partial_plan_is_estimated_at_its_own_k(qwen7b, over):
+    """request_from_plan on the run plan that auto resolved (what the train path and the GPU tests predict
+    with) estimates the k layers the run recomputes, not every layer: the same figure the choice was made on."""
+    from lmstack.plan.from_config import request_from_plan
+
+    p = resolve(qwen7b, 24, **over)
+    k = p.checkpoint_layers
+    assert k is not None
+    got = plan(replace(request_from_plan(p, 1, 24), available=EVERYTHING)).configured
+    assert got.setup.checkpoint_layers == k and got.setup.checkpoint_offload == bool(over)
+    chosen = plan(request(qwen7b, 24, **over)).configured  # the unresolved config: the search's pick
+    assert chosen.setup.checkpoint_layers == k
+    assert got.estimate.gpu.allocated == pytest.approx(chosen.estimate.gpu.allocated)
+    every = replace(got.setup, checkpoint_layers=None)
+    assert estimate(request(qwen7b, 24).spec, every).gpu.allocated < got.estimate.gpu.allocated
