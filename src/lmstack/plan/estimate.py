@@ -389,9 +389,14 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     frag = mem.FRAGMENTATION_FACTOR if s.packed else mem.UNPACKED_FRAGMENTATION_FACTOR
     if s.expandable_segments:
         frag = mem.EXPANDABLE_FRAGMENTATION_FACTOR
+    pending = 0.0
+    if s.gradient_checkpointing and s.checkpoint_offload:
+        kept, recomputed = kept_recomputed(spec, s)
+        pending = mem.offload_pending_bytes(train_tokens(s), recomputed, kept, spec.hidden_size)
     gpu = mem.breakdown(
-        st.weights, st.grads, optim, acts, logits, st.adapters, terms=terms, fragmentation=frag
-    )
+        st.weights, st.grads, optim, acts, logits, st.adapters, terms=terms, fragmentation=frag,
+        reserved_extra=pending,
+    )  # fmt: skip
     parked = offloaded_activations(spec, s) * max(s.num_gpus // s.nodes, 1) / mem.GIB
     return Estimate(
         gpu=gpu,

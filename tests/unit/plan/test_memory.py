@@ -128,3 +128,28 @@ def test_lora_states_are_base_plus_16_bytes_per_adapter(specs) -> None:
 def test_errors_name_the_field(specs, setup, field) -> None:
     with pytest.raises(ValueError, match=field):
         estimate(specs["qwen2.5-0.5b"], setup)
+
+
+def test_offloaded_checkpointing_reserves_its_pending_inputs_once_more(specs):
+    """use_unsloth_gc: each offloaded layer input waits for its copy before its block is reused -- a
+    reserved-only margin of one more copy of the offloaded inputs (memory.offload_pending_bytes); allocated
+    is unchanged, and plain checkpointing has none."""
+    from dataclasses import replace
+
+    from lmstack.plan.estimate import Setup, estimate
+
+    spec = specs["qwen2.5-7b"]
+    s = Setup(finetuning_type="lora", micro_batch=8, seq_len=2048, gradient_checkpointing=True, fused_ce=True,
+              packed=True)  # fmt: skip
+    plain, parked = estimate(spec, s).gpu, estimate(spec, replace(s, checkpoint_offload=True)).gpu
+    layer_input = 8 * 2048 * 2 * spec.hidden_size / mem.GIB
+    pending = parked.reserved - parked.allocated - (mem.FRAGMENTATION_FACTOR - 1) * parked.allocated
+    share = mem.ALL_OFFLOADED_PENDING_SHARE  # every layer recomputed: the peak is in the backward
+    assert pending == pytest.approx(share * spec.num_layers * layer_input, rel=1e-6)
+    assert plain.reserved - plain.allocated == pytest.approx((mem.FRAGMENTATION_FACTOR - 1) * plain.allocated)
+    few = estimate(
+        spec, replace(s, checkpoint_offload=True, checkpoint_layers=3)
+    ).gpu  # 25 layers keep theirs
+    assert few.reserved - few.allocated == pytest.approx(
+        (mem.FRAGMENTATION_FACTOR - 1) * few.allocated + 3 * layer_input, rel=1e-6
+    )

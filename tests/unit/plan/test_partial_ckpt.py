@@ -115,8 +115,8 @@ def test_use_unsloth_gc_under_auto_offloads_the_fewest_layers_that_fit(qwen7b):
         p.reasons["checkpoint_layers"]
         == f"checkpointing {k} of {N} layers: the smallest count that fits 24 GiB"
     )
-    # the offloaded rows keep more layers than plain partial checkpointing on the same GPU
-    assert k < resolve(qwen7b, 24).checkpoint_layers
+    # offloading never makes more layers recompute than plain partial checkpointing on the same GPU
+    assert k <= resolve(qwen7b, 24).checkpoint_layers
     # a GPU where everything fits: one layer still recomputes (checkpointing stays on), offloaded
     roomy = resolve(qwen7b, 141, use_unsloth_gc=True, per_device_train_batch_size=1)
     assert roomy.checkpointing and roomy.checkpoint_offload and roomy.checkpoint_layers == 1

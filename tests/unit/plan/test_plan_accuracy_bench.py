@@ -39,3 +39,28 @@ def test_dry_run_predicts_and_trains_each_run_on_the_cpu(tmp_path):
     assert dpo["status"] == "ok"  # one real DPO step on the CPU
     assert any(name.startswith("reference forward") for name in dpo["predicted"]["terms"])
     assert rows["qlora4_unpacked_0.5b_mb8"]["status"].startswith("predicted only")
+
+
+def test_round_4_runs_cover_one_epoch_and_are_summarised_on_their_own(tmp_path):
+    """--set r4: each run's data is exactly the rows its steps draw (the longest row's batch is formed), its
+    row says round r4, and the JSON summarises each round of predicted runs apart."""
+    out = tmp_path / "acc.json"
+    env = {**os.environ, "PYTHONPATH": SRC, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "plan_accuracy.py"), "--dry-run", "--set", "r4",
+         "--only", "r4_kto_0.5b_lora_mb8", "--work", str(tmp_path / "work"), "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    (row,) = doc["runs"]
+    assert row["round"] == "r4" and row["status"] == "ok"
+    assert row["config"]["max_samples"] == 8 and row["config"]["max_steps"] == 1  # 1 step x micro-batch 8
+    assert "the longest of 8 rows" in row["lengths"]["source"]
+    assert set(doc["summary_by_round"]) == {"r4"}
+    sys.path.insert(0, str(REPO / "bench"))
+    from plan_accuracy import epoch_rows
+
+    grpo = {"stage": "grpo", "per_device_train_batch_size": 8, "num_generations": 4}
+    assert epoch_rows(grpo, 6) == 12  # prompts: each answered num_generations times
+    assert epoch_rows({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}, 3) == 24
