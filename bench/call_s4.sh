@@ -7,6 +7,10 @@
 #   parity7   FP8 loss parity on the 7B LoRA (4 x 2048), 200 steps
 #   peers24   the 24 GiB row again with LF and Unsloth, plus the planner's own choice on an emulated 24 GiB GPU
 #   compile05 regional torch.compile on/off on the 0.5B rows, with LF (bench/lmstack_bench.py --set compile05)
+#   snap      issue 20's largest errors again with a memory trace: who holds the peak (plan_accuracy.py --set snap)
+# Next session (the first call ran gputests + parity15's LoRA; the GPU tests it failed are fixed since):
+#   PHASES="gputests snap parity15" bash bench/call_s4.sh 580            (carry .whl/lm .whl/bnb .whl/ao)
+#   PHASES="parity7 compile05" bash bench/call_s4.sh 580                 (+ .whl/lf .whl/liger)
 # carry: .whl/lm .whl/bnb .whl/ao (+ .whl/lf .whl/liger .whl/uns for peers24 / compile05). Results under $OUT.
 #   PHASES="gputests parity15 plan" bash bench/call_s4.sh 585
 set -u
@@ -44,14 +48,21 @@ for ph in $PHASES; do
     [ -f /tmp/gputests.done ] && continue
     env PYTHONPATH=/tmp/site_lm:$PWD/src timeout $(( $(left) - 30 )) python3 -m pytest -q -s -p no:cacheprovider -m gpu \
       tests/gpu/test_partial_ckpt_gpu.py tests/gpu/test_allocator_gpu.py tests/gpu/test_fused_lora_gpu.py \
-      tests/gpu/test_fp8_gpu.py tests/unit/infer/test_batching_handoff.py 2>&1 | grep -v "^\[" | tail -25 \
-      | tee "$O/gpu_tests.txt" && touch /tmp/gputests.done ;;
+      tests/gpu/test_fp8_gpu.py tests/unit/infer/test_batching_handoff.py 2>&1 | grep -v "^\[" >"$O/gpu_tests.txt"
+    tail -25 "$O/gpu_tests.txt"; touch /tmp/gputests.done ;;
   parity15)
-    for w in 1.5b_lora 1.5b_full; do
+    for w in 1.5b_lora 1.5b_full; do  # a workload already in the committed results is not run again
+      grep -q "\"workload\": \"$w\"" bench/results/fp8_parity.jsonl 2>/dev/null && touch "/tmp/parity_$w.done"
       [ -f "/tmp/parity_$w.done" ] || { [ "$(left)" -gt 200 ] && parity small "$w"; }
     done ;;
   parity7)
     [ -f /tmp/parity_7b_lora.done ] || { [ "$(left)" -gt 260 ] && parity 7b 7b_lora; } ;;
+  snap)
+    [ "$(left)" -gt 100 ] || continue
+    [ -f /tmp/plan_accuracy.json ] || cp bench/results/plan_accuracy.json /tmp/plan_accuracy.json
+    env PYTHONPATH=/tmp/site_lm:$PWD/src python3 bench/plan_accuracy.py /tmp/assets --set snap --skip-done \
+      --out /tmp/plan_accuracy.json --budget $(( $(left) - 15 )) 2>&1 | grep -v "^\[lmstack\]\|Writing model shards" | tail -8
+    cp /tmp/plan_accuracy.json "$O/" ;;
   plan)
     [ "$(left)" -gt 100 ] || continue
     [ -f /tmp/plan_accuracy.json ] || cp bench/results/plan_accuracy.json /tmp/plan_accuracy.json

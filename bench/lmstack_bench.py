@@ -211,7 +211,7 @@ def runs(set_name: str) -> list[Run]:
             {**lf_tuned(LORA, 8, 20, True), "use_unsloth_gc": True}, 240, workload="7b_lora_24g"),
         Run("unsloth", "uns_7b_lora_bs8_gc", "qwen2.5-7b", "lora", {"bs": 8, "steps": 20, "ckpt": "unsloth"}, 240, workload="7b_lora_24g"),
         Run("lmstack", "lm_7b_lora_bs8_ckpt_fused", "qwen2.5-7b", "lora", {**lm7, "gradient_checkpointing": True}, 200, [NO_LIGER], "7b_lora_24g"),
-        Run("lmstack", "lm_7b_lora_bs8_unsloth_gc_fp8", "qwen2.5-7b", "lora", {**lm7, "use_unsloth_gc": True, "fp8": True}, 200, [NO_LIGER], "7b_lora_24g"),
+        Run("lmstack", "lm_7b_lora_bs8_unsloth_gc_fp8", "qwen2.5-7b", "lora", {**lm7, "use_unsloth_gc": True, "fp8": True, "gradient_checkpointing": True}, 200, [NO_LIGER], "7b_lora_24g"),
         # the planner's own choice for a 24 GiB GPU (emulated): offloaded checkpointing on the fewest layers
         Run("lmstack", "lm_7b_lora_bs8_auto24_unsloth_gc_fp8", "qwen2.5-7b", "lora",
             {**lm7, "use_unsloth_gc": True, "fp8": True, "_gpu_gib": 24}, 200, [NO_LIGER], "7b_lora_24g"),

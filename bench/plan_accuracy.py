@@ -331,6 +331,17 @@ STAGES_R4 = [
     ("r4_grpo_7b_lora_mb4", S7, dict(**{**GRPO, "max_new_tokens": 64}, **LORA, per_device_train_batch_size=4,
                                       _steps=3, **EPOCH), True),
 ]  # fmt: skip
+# Diagnostics (not predictions): the planner's largest errors run again with a memory trace, so the peak's
+# live blocks can be named by the code that allocated them (`peak_breakdown` in the row, basis "diagnostic")
+SNAP = {"_snapshot": True}
+_by_name = {r[0]: r for r in STAGES + STAGES_R4}
+STAGES_SNAP = [
+    ("snap_r4_orpo_0.5b_full_mb2", S05, {**_by_name["r4_orpo_0.5b_full_mb2"][2], **SNAP}, True),  # +12.3%
+    ("snap_orpo_0.5b_lora_mb4", S05, {**_by_name["orpo_0.5b_lora_mb4"][2], **SNAP}, True),  # -1.7%, same loss
+    ("snap_0.5b_full_mb4_s2048_ckpt", S05, dict(finetuning_type="full", per_device_train_batch_size=4,
+                                                 gradient_checkpointing=True, **SNAP), True),  # +16.8% (fit set)
+    ("snap_r4_rm_0.5b_full_mb4", S05, {**_by_name["r4_rm_0.5b_full_mb4"][2], **SNAP}, True),  # +5.1%
+]  # fmt: skip
 MIN_LEFT_S = 75  # a run is skipped when less of --budget is left
 REWARD_PY = """def length_reward(prompts, completions, **_):
     return [min(len(c), 400) / 400.0 for c in completions]
@@ -427,6 +438,9 @@ def child(spec: dict) -> None:
     from lmstack.train.run import train
 
     widths = record_batch_widths()
+    snapshot = spec.get("snapshot") and torch.cuda.is_available()
+    if snapshot:  # every allocation with its Python stack, from before the model loads
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     t0 = time.time()
     train(None, spec["config"])
     out = {"wall_s": round(time.time() - t0, 1), "status": "ok", "drawn": widths}
@@ -434,7 +448,55 @@ def child(spec: dict) -> None:
         torch.cuda.synchronize()
         out.update(measured_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3),
                    reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 3))  # fmt: skip
+    if snapshot:
+        out["peak_breakdown"] = peak_breakdown(torch.cuda.memory._snapshot())
+        torch.cuda.memory._record_memory_history(enabled=None)
     print("RESULT " + json.dumps(out), flush=True)
+
+
+# frames skipped when naming who allocated a block: the framework's own plumbing, not the code path
+PLUMBING = ("/torch/nn/modules/module.py", "/torch/utils/_contextlib.py", "/torch/_tensor.py", "/torch/autograd/",
+            "/torch/amp/", "/accelerate/", "/torch/_dynamo/", "/torch/utils/checkpoint.py")  # fmt: skip
+
+
+def _owner(frames: list[dict]) -> str:
+    for f in frames:
+        name = f.get("filename", "")
+        if name and not any(p in name for p in PLUMBING) and not name.startswith("<"):
+            short = name.split("site-packages/")[-1].split("/src/")[-1]
+            return f"{short}:{f.get('line')} {f.get('name')}"
+    return "(no Python frame: the autograd engine -- gradients and backward temporaries)"
+
+
+def peak_breakdown(snap: dict, top: int = 15) -> dict:
+    """The live blocks at the moment allocated memory peaked, from a torch.cuda.memory._snapshot() trace
+    (device 0): GiB per allocating code line (the first frame outside torch's plumbing), largest first.
+    Blocks allocated before the trace started are counted as one 'before the trace' row."""
+    trace = snap["device_traces"][0] if snap.get("device_traces") else []
+    live: dict[int, tuple[int, str]] = {}
+    total = peak = 0
+    at_peak: dict[int, tuple[int, str]] = {}
+    for ev in trace:
+        action, addr, size = ev.get("action"), ev.get("addr"), int(ev.get("size", 0))
+        if action == "alloc":
+            live[addr] = (size, _owner(ev.get("frames") or []))
+            total += size
+            if total > peak:
+                peak, at_peak = total, dict(live)
+        elif action == "free_requested" and addr in live:
+            total -= live.pop(addr)[0]
+    traced = sum(size for size, _ in at_peak.values())
+    allocated_now = sum(
+        b["size"] for seg in snap.get("segments", []) for b in seg.get("blocks", []) if b.get("state") == "active_allocated"
+    )  # fmt: skip
+    by: dict[str, int] = {}
+    for size, owner in at_peak.values():
+        by[owner] = by.get(owner, 0) + size
+    rows = sorted(by.items(), key=lambda kv: -kv[1])
+    gib = 2**30
+    return {"traced_peak_gib": round(traced / gib, 3), "allocated_at_end_gib": round(allocated_now / gib, 3),
+            "events": len(trace), "by_owner": [[k, round(v / gib, 3)] for k, v in rows[:top]],
+            "others_gib": round(sum(v for _, v in rows[top:]) / gib, 3)}  # fmt: skip
 
 
 def record_batch_widths() -> dict:
@@ -467,8 +529,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_child(cfg: dict, timeout: float, log: Path, env: dict | None = None) -> dict:
-    spec = json.dumps({"config": cfg, "port": free_port()})
+def run_child(cfg: dict, timeout: float, log: Path, env: dict | None = None, snapshot: bool = False) -> dict:
+    spec = json.dumps({"config": cfg, "port": free_port(), "snapshot": snapshot})
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from benchproc import result_from_log, run_killable
 
@@ -490,12 +552,15 @@ def local_row(
     keep["model_name_or_path"] = arch
     if "reward_funcs" in keep:
         keep["reward_funcs"] = "reward.py:length_reward"
-    row = {"source": "plan_accuracy.py", "name": name, "num_gpus": 1, "basis": "predicted",
+    basis = (
+        "diagnostic" if name.startswith("snap_") else "predicted"
+    )  # a re-run with a trace, not a prediction
+    row = {"source": "plan_accuracy.py", "name": name, "num_gpus": 1, "basis": basis,
            "planner_version": planner_version(), "predicted": predicted, "predicted_gib": predicted["allocated"],
            "predicted_reserved_gib": predicted["reserved"], "lengths": lengths,
            "data_aware": lengths["source"] != "cutoff_len", "config": keep,
            "run_date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "gpu": gpu,
-           "chunked_ce_model": "current", "round": name.split("_")[0] if name.startswith("r4_") else "earlier", **measured}  # fmt: skip
+           "chunked_ce_model": "current", "round": name.split("_")[0] if name.startswith(("r4_", "snap_")) else "earlier", **measured}  # fmt: skip
     if row.get("measured_gib"):
         row["error_pct"] = round(100 * (row["predicted_gib"] - row["measured_gib"]) / row["measured_gib"], 1)
     if row.get("reserved_gib"):
@@ -581,9 +646,9 @@ def main_stages(args) -> None:
         done = {
             r["name"]
             for r in json.loads(out.read_text())["runs"]
-            if r.get("basis") == "predicted" and r.get("measured_gib")
+            if r.get("basis") in ("predicted", "diagnostic") and r.get("measured_gib")
         }
-    chosen = {"stages": STAGES, "r4": STAGES_R4, "all": STAGES + STAGES_R4}[args.set]
+    chosen = {"stages": STAGES, "r4": STAGES_R4, "all": STAGES + STAGES_R4, "snap": STAGES_SNAP}[args.set]
     runs = [r for r in chosen if (not args.only or r[0] in args.only.split(",")) and r[0] not in done]
     for name, arch, overrides, cpu_ok in runs:
         left = args.budget - (time.time() - t0)
@@ -596,6 +661,7 @@ def main_stages(args) -> None:
             prepare_data(assets / "data")  # make_assets rewrote dataset_info.json
         overrides = dict(overrides)
         env = overrides.pop("_env", {})
+        snapshot = overrides.pop("_snapshot", False)
         cfg = stage_config(assets, work, name, arch, overrides, steps)
         if args.dry_run:
             cfg.update(model_name_or_path=models[arch], bf16=False, cutoff_len=min(cfg["cutoff_len"], 256),
@@ -603,7 +669,7 @@ def main_stages(args) -> None:
         predicted, lengths = predict_stage(cfg, gpu_gib)  # before the run: a prediction, not a fit
         measured: dict = {"status": "predicted only (dry run, needs a GPU)"}
         if cpu_ok or not args.dry_run:
-            measured = run_child(cfg, min(args.timeout, left - 10), work / f"{name}.log", env)
+            measured = run_child(cfg, min(args.timeout, left - 10), work / f"{name}.log", env, snapshot)
         row = local_row(name, arch, cfg, predicted, lengths, measured, gpu)
         drawn = measured.get("drawn") or {}
         if drawn.get("train_width") and row.get("measured_gib"):
@@ -633,7 +699,7 @@ def summarize(results: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("assets", nargs="?", default=None)
-    ap.add_argument("--set", default="stages", choices=["stages", "r4", "all"])
+    ap.add_argument("--set", default="stages", choices=["stages", "r4", "all", "snap"])
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=str(Path(REPO) / "bench" / "results" / "plan_accuracy.json"))
     ap.add_argument("--work", default="/tmp/plan_acc")

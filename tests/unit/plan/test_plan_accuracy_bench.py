@@ -64,3 +64,42 @@ def test_round_4_runs_cover_one_epoch_and_are_summarised_on_their_own(tmp_path):
     grpo = {"stage": "grpo", "per_device_train_batch_size": 8, "num_generations": 4}
     assert epoch_rows(grpo, 6) == 12  # prompts: each answered num_generations times
     assert epoch_rows({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}, 3) == 24
+
+
+def test_peak_breakdown_names_the_live_blocks_at_the_allocation_peak():
+    """The diagnostic runs' memory trace (torch.cuda.memory._snapshot's device trace): replayed, the blocks
+    live when allocated memory peaked, summed per allocating line; later allocations and freed blocks do not
+    count; frames of torch's plumbing are skipped; a block with no Python frame is the autograd engine's."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from plan_accuracy import peak_breakdown
+
+    gib = 2**30
+    mod = {"filename": "/x/site-packages/torch/nn/modules/module.py", "line": 1, "name": "_call_impl"}
+    head = {
+        "filename": "/x/site-packages/transformers/models/qwen2/modeling_qwen2.py",
+        "line": 9,
+        "name": "forward",
+    }
+    loss = {"filename": "/x/site-packages/trl/experimental/orpo/orpo_trainer.py", "line": 5, "name": "ce"}
+    trace = [
+        {"action": "alloc", "addr": 1, "size": 2 * gib, "frames": [mod, head]},
+        {"action": "alloc", "addr": 2, "size": 3 * gib, "frames": [loss, head]},
+        {"action": "alloc", "addr": 3, "size": 1 * gib, "frames": []},
+        {"action": "free_requested", "addr": 2, "size": 3 * gib},
+        {"action": "free_completed", "addr": 2, "size": 3 * gib},
+        {"action": "alloc", "addr": 4, "size": 2 * gib, "frames": [loss]},  # 5 GiB live < the 6 GiB peak
+    ]
+    snap = {
+        "device_traces": [trace],
+        "segments": [{"blocks": [{"size": 2 * gib, "state": "active_allocated"}]}],
+    }
+    got = peak_breakdown(snap)
+    assert got["traced_peak_gib"] == 6.0 and got["allocated_at_end_gib"] == 2.0 and got["events"] == 6
+    rows = dict(got["by_owner"])
+    assert rows == {
+        "trl/experimental/orpo/orpo_trainer.py:5 ce": 3.0,
+        "transformers/models/qwen2/modeling_qwen2.py:9 forward": 2.0,
+        "(no Python frame: the autograd engine -- gradients and backward temporaries)": 1.0,
+    }
+    assert [k for k, _ in got["by_owner"]][0].startswith("trl/")  # largest first
+    assert peak_breakdown({"device_traces": []})["traced_peak_gib"] == 0
