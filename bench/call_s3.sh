@@ -10,22 +10,10 @@
 # Next session, e.g.: PHASES="gputests parity plan" bash bench/call_s3.sh 585 (carry .whl/lm .whl/bnb .whl/ao)
 # carry: .whl (all of lf, liger, lm, bnb, ao, uns, serve: ~53 MB). Results under $OUT.
 #   RID=... bash bench/call_s3.sh [TOTAL_S]
-set -u
-T0=$(date +%s)
 TOTAL=${1:-570}
-left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DISABLE_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
-export TORCH_CUDA_ARCH_LIST=9.0
-O=${OUT:-/tmp/out_local}; mkdir -p "$O"
-RID=${RID:-s3-20261201}
 PHASES=${PHASES:-speed serve plan}  # which of the phases below to run
-has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
-pip_t() {  # once per machine: a marker per target
-  t=$1; shift
-  [ -f "$t/.done" ] && return
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$t" "$@" \
-    >"/tmp/pip_$(basename "$t").log" 2>&1 && touch "$t/.done" || { echo "install $t failed"; tail -5 "/tmp/pip_$(basename "$t").log"; }
-}
+RID=${RID:-s3-20261201}
+source "$(dirname "$0")/call_common.sh"  # T0, left, the environment, $O, has, pip_t
 has speed && pip_t /tmp/site .whl/lf/*.whl .whl/liger/*.whl
 pip_t /tmp/site_lm .whl/lm/*.whl .whl/bnb/*.whl .whl/ao/*.whl
 has speed && pip_t /tmp/site_uns .whl/uns/*.whl .whl/bnb/*.whl .whl/ao/*.whl

@@ -13,21 +13,9 @@
 #   PHASES="parity7 compile05" bash bench/call_s4.sh 580                 (+ .whl/lf .whl/liger)
 # carry: .whl/lm .whl/bnb .whl/ao (+ .whl/lf .whl/liger .whl/uns for peers24 / compile05). Results under $OUT.
 #   PHASES="gputests parity15 plan" bash bench/call_s4.sh 585
-set -u
-T0=$(date +%s)
 TOTAL=${1:-570}
-left() { echo $(( TOTAL - ($(date +%s) - T0) )); }
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 DISABLE_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false PYTHONHASHSEED=0
-export TORCH_CUDA_ARCH_LIST=9.0
-O=${OUT:-/tmp/out_local}; mkdir -p "$O"
 PHASES=${PHASES:-gputests parity15 plan}
-has() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
-pip_t() {  # once per machine: a marker per target
-  t=$1; shift
-  [ -f "$t/.done" ] && return
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$t" "$@" \
-    >"/tmp/pip_$(basename "$t").log" 2>&1 && touch "$t/.done" || { echo "install $t failed"; tail -5 "/tmp/pip_$(basename "$t").log"; }
-}
+source "$(dirname "$0")/call_common.sh"  # T0, left, the environment, $O, has, pip_t
 pip_t /tmp/site_lm .whl/lm/*.whl .whl/bnb/*.whl .whl/ao/*.whl
 { has peers24 || has compile05; } && pip_t /tmp/site .whl/lf/*.whl .whl/liger/*.whl
 has peers24 && pip_t /tmp/site_uns .whl/uns/*.whl .whl/bnb/*.whl .whl/ao/*.whl

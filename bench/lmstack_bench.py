@@ -219,6 +219,15 @@ def runs(set_name: str) -> list[Run]:
             {**lm(LORA, 8, 20), "use_unsloth": True, "enable_liger_kernel": False, "gradient_checkpointing": True}, 240,
             workload="7b_lora_24g", site="uns"),
     ]  # fmt: skip
+    # regional torch.compile (each decoder layer, plan.compile) on top of the best lmstack settings;
+    # compare with tuned05's lm_ rows of the same call
+    compiled05 = [
+        Run("lmstack", "lm_0.5b_full_bs32_compile", "qwen2.5-0.5b", "full", {**lm(FULL, 32, 32), **compiled}, 300,
+            [NO_LIGER], "0.5b_full"),
+        Run("lmstack", "lm_0.5b_lora_bs32_fused_compile", "qwen2.5-0.5b", "lora",
+            {**lm(LORA, 32, 32), **fused, **compiled}, 300, [NO_LIGER], "0.5b_lora"),
+    ]  # fmt: skip
+    t05 = {r.name: r for r in tuned05}
     sets = {
         # the 24 GiB row again: the peers, lmstack's all-layer offload, and the planner's fewest-layer offload
         "peers7_24g_auto": [
@@ -235,91 +244,16 @@ def runs(set_name: str) -> list[Run]:
         "big": big,
         "lmstack": [r for r in small + big if r.system == "lmstack"],
         "smoke": smoke,
-        # regional torch.compile (each decoder layer, plan.compile) on top of the best lmstack settings;
-        # compare with tuned05's lm_ rows of the same call
-        "compile": [
-            Run(
-                "lmstack",
-                "lm_0.5b_full_bs32_compile",
-                "qwen2.5-0.5b",
-                "full",
-                {**lm(FULL, 32, 32), **compiled},
-                300,
-                [NO_LIGER],
-                "0.5b_full",
-            ),
-            Run(
-                "lmstack",
-                "lm_0.5b_lora_bs32_fused_compile",
-                "qwen2.5-0.5b",
-                "lora",
-                {**lm(LORA, 32, 32), **fused, **compiled},
-                300,
-                [NO_LIGER],
-                "0.5b_lora",
-            ),
-        ],  # fmt: skip
+        "compile": compiled05,
         # regional compile on and off in one call, with LF tuned on the same rows (issue 19's 0.5B rows)
         "compile05": [
-            Run(
-                "lmstack",
-                "lm_0.5b_full_bs32",
-                "qwen2.5-0.5b",
-                "full",
-                lm(FULL, 32, 32),
-                200,
-                [NO_LIGER],
-                "0.5b_full",
-            ),
-            Run(
-                "lmstack",
-                "lm_0.5b_full_bs32_compile",
-                "qwen2.5-0.5b",
-                "full",
-                {**lm(FULL, 32, 32), **compiled},
-                300,
-                [NO_LIGER],
-                "0.5b_full",
-            ),
-            Run(
-                "lmstack",
-                "lm_0.5b_lora_bs32_fused",
-                "qwen2.5-0.5b",
-                "lora",
-                {**lm(LORA, 32, 32), **fused},
-                200,
-                [NO_LIGER],
-                "0.5b_lora",
-            ),
-            Run(
-                "lmstack",
-                "lm_0.5b_lora_bs32_fused_compile",
-                "qwen2.5-0.5b",
-                "lora",
-                {**lm(LORA, 32, 32), **fused, **compiled},
-                300,
-                [NO_LIGER],
-                "0.5b_lora",
-            ),
-            Run(
-                "llamafactory",
-                "lf_0.5b_full_bs32",
-                "qwen2.5-0.5b",
-                "full",
-                lf_tuned(FULL, 32, 30, False),
-                200,
-                workload="0.5b_full",
-            ),
-            Run(
-                "llamafactory",
-                "lf_0.5b_lora_bs32",
-                "qwen2.5-0.5b",
-                "lora",
-                lf_tuned(LORA, 32, 30, False),
-                200,
-                workload="0.5b_lora",
-            ),
-        ],
+            t05["lm_0.5b_full_bs32"],
+            compiled05[0],
+            t05["lm_0.5b_lora_bs32_fused"],
+            compiled05[1],
+            t05["lf_0.5b_full_bs32"],
+            t05["lf_0.5b_lora_bs32"],
+        ],  # fmt: skip
         # FP8 (plan.fp8): full -> torchao float8 training, LoRA -> FP8 frozen base; same rows as tuned05/7.
         # On the 0.5B no projection is large enough for FP8 to pay: the plan notes it and runs bf16
         "fp8": [
