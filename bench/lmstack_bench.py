@@ -328,7 +328,8 @@ def runs(set_name: str) -> list[Run]:
 # ---- one lmstack run (subprocess) ----------------------------------------------------------------
 def emulate_smaller_gpu(gib: float) -> None:
     """The 24 GiB row on an H200: the run plan sees a GPU of `gib` GiB (so `auto` sizes for it) and the
-    caching allocator is capped at that much (a run that needs more fails with an OOM, as on such a card)."""
+    caching allocator is capped at that much (a run that needs more fails with an OOM, as on such a card).
+    One process only: a torchrun relaunch (several visible GPUs) would start workers without the patch."""
     from dataclasses import replace
 
     import torch

@@ -440,7 +440,7 @@ def child(spec: dict) -> None:
     widths = record_batch_widths()
     snapshot = spec.get("snapshot") and torch.cuda.is_available()
     if snapshot:  # every allocation with its Python stack, from before the model loads
-        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+        torch.cuda.memory._record_memory_history(max_entries=TRACE_ENTRIES, stacks="python")
     t0 = time.time()
     train(None, spec["config"])
     out = {"wall_s": round(time.time() - t0, 1), "status": "ok", "drawn": widths}
@@ -449,14 +449,19 @@ def child(spec: dict) -> None:
         out.update(measured_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3),
                    reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 3))  # fmt: skip
     if snapshot:
-        out["peak_breakdown"] = peak_breakdown(torch.cuda.memory._snapshot())
+        out["peak_breakdown"] = peak_breakdown(
+            torch.cuda.memory._snapshot(), torch.cuda.max_memory_allocated()
+        )
         torch.cuda.memory._record_memory_history(enabled=None)
     print("RESULT " + json.dumps(out), flush=True)
 
 
-# frames skipped when naming who allocated a block: the framework's own plumbing, not the code path
-PLUMBING = ("/torch/nn/modules/module.py", "/torch/utils/_contextlib.py", "/torch/_tensor.py", "/torch/autograd/",
-            "/torch/amp/", "/accelerate/", "/torch/_dynamo/", "/torch/utils/checkpoint.py")  # fmt: skip
+TRACE_ENTRIES = 2_000_000  # the trace's ring buffer: when full, the oldest events (the weights) fall out
+# frames skipped when naming who allocated a block: the framework's own plumbing (torch's modules and
+# functionals, autograd, autocast), so a block is named by the model / trainer / lmstack line that asked
+PLUMBING = ("/torch/nn/modules/", "/torch/nn/functional.py", "/torch/utils/_contextlib.py", "/torch/_tensor.py",
+            "/torch/autograd/", "/torch/amp/", "/accelerate/", "/torch/_dynamo/", "/torch/utils/checkpoint.py",
+            "/torch/functional.py", "/torch/_ops.py")  # fmt: skip
 
 
 def _owner(frames: list[dict]) -> str:
@@ -468,10 +473,11 @@ def _owner(frames: list[dict]) -> str:
     return "(no Python frame: the autograd engine -- gradients and backward temporaries)"
 
 
-def peak_breakdown(snap: dict, top: int = 15) -> dict:
+def peak_breakdown(snap: dict, measured_bytes: int | None = None, top: int = 15) -> dict:
     """The live blocks at the moment allocated memory peaked, from a torch.cuda.memory._snapshot() trace
     (device 0): GiB per allocating code line (the first frame outside torch's plumbing), largest first.
-    Blocks allocated before the trace started are counted as one 'before the trace' row."""
+    `untraced_gib`: the measured peak (max_memory_allocated) minus the traced one -- blocks allocated before
+    the trace's oldest kept event (`wrapped`: the ring buffer overflowed and dropped the first events)."""
     trace = snap["device_traces"][0] if snap.get("device_traces") else []
     live: dict[int, tuple[int, str]] = {}
     total = peak = 0
@@ -494,9 +500,13 @@ def peak_breakdown(snap: dict, top: int = 15) -> dict:
         by[owner] = by.get(owner, 0) + size
     rows = sorted(by.items(), key=lambda kv: -kv[1])
     gib = 2**30
-    return {"traced_peak_gib": round(traced / gib, 3), "allocated_at_end_gib": round(allocated_now / gib, 3),
-            "events": len(trace), "by_owner": [[k, round(v / gib, 3)] for k, v in rows[:top]],
-            "others_gib": round(sum(v for _, v in rows[top:]) / gib, 3)}  # fmt: skip
+    out = {"traced_peak_gib": round(traced / gib, 3), "allocated_at_end_gib": round(allocated_now / gib, 3),
+           "events": len(trace), "wrapped": len(trace) >= TRACE_ENTRIES,
+           "by_owner": [[k, round(v / gib, 3)] for k, v in rows[:top]],
+           "others_gib": round(sum(v for _, v in rows[top:]) / gib, 3)}  # fmt: skip
+    if measured_bytes is not None:
+        out["untraced_gib"] = round((measured_bytes - traced) / gib, 3)
+    return out
 
 
 def record_batch_widths() -> dict:

@@ -104,6 +104,8 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
         ch["gradient_checkpointing"] = s.gradient_checkpointing
     if req.checkpoint_offload != s.checkpoint_offload:
         ch["use_unsloth_gc"] = s.checkpoint_offload
+    if s.gradient_checkpointing and req.checkpointing_disabled:  # else LF's switch keeps it off
+        ch["disable_gradient_checkpointing"] = False
     if req.micro_batch != s.micro_batch:
         ch["per_device_train_batch_size"] = s.micro_batch
         if req.micro_batch:  # the batch the optimizer sees stays micro_batch x gradient_accumulation_steps
@@ -127,9 +129,9 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
 
 
 def ckpt_cell(s: Setup, layers: int) -> str:
-    """off | on | offloaded | k/N (partial: k of the N decoder layers recompute)."""
+    """off | on | offloaded | k/N (partial: k of the N decoder layers recompute) | k/N offload."""
     if s.checkpoint_layers is not None:
-        return f"{s.checkpoint_layers}/{layers}"
+        return f"{s.checkpoint_layers}/{layers}" + (" offload" if s.checkpoint_offload else "")
     return "offloaded" if s.checkpoint_offload else "on" if s.gradient_checkpointing else "off"
 
 
@@ -152,14 +154,21 @@ def reason(
         f"of the {usable:.1f} GiB usable ({req.gpu_memory_gib:g} GiB x {mem.SAFETY_MARGIN})"
         f", at a rough relative step cost of {rec.cost:.2f}."
     )
+    k = rec.setup.checkpoint_layers
     if rec.setup.checkpoint_offload:
+        which = "each layer's forward (~33% more compute)"
+        if k is not None:
+            which = (
+                f"the forward of {k} of the {layers} decoder layers, the smallest count that fits (~{33 * k / layers:.0f}% "
+                f"more compute; the last {layers - k} keep their activations; gradient_checkpointing: auto picks "
+                "this count when training starts)"
+            )
         text += (
-            " Gradient checkpointing is on with the layer inputs offloaded (use_unsloth_gc): it re-runs each "
-            f"layer's forward (~33% more compute) and parks {rec.estimate.offloaded_activations_gib:.1f} GiB "
-            "of layer inputs in CPU RAM per node, copied over PCIe alongside the compute (its cost is an estimate)."
+            f" Gradient checkpointing is on with the layer inputs offloaded (use_unsloth_gc): it re-runs {which} "
+            f"and parks {rec.estimate.offloaded_activations_gib:.1f} GiB of layer inputs in CPU RAM per node, "
+            "copied over PCIe alongside the compute (its cost is an estimate)."
         )
-    elif rec.setup.checkpoint_layers is not None:
-        k = rec.setup.checkpoint_layers
+    elif k is not None:
         text += (
             f" Gradient checkpointing on {k} of the {layers} decoder layers, the smallest count that fits: it "
             f"re-runs only those layers' forward (~{33 * k / layers:.0f}% more compute); the last {layers - k} "

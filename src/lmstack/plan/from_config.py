@@ -198,6 +198,7 @@ def request_from_plan(
         checkpoint_offload=plan.checkpoint_offload,
         # the plan's k (a resolved auto): the estimate is the run's own, not every layer's
         checkpoint_layers=None if (search or gc_auto) else plan.checkpoint_layers,
+        checkpointing_disabled=cfg.model.disable_gradient_checkpointing,
         attention=_attention(plan),
         packing=plan.packing,
         fused_ce=plan.loss_kernel != "none"

@@ -76,6 +76,7 @@ class PlanRequest:
     checkpoint_offload: bool = False  # use_unsloth_gc (the recommendation's search opens it)
     # a resolved run plan's partial checkpointing (plan.checkpoint_layers): k of the layers recompute
     checkpoint_layers: int | None = None
+    checkpointing_disabled: bool = False  # disable_gradient_checkpointing: true (LF's switch) in the YAML
     attention: str = "sdpa"
     packing: bool = False
     fused_ce: bool | None = False
@@ -177,7 +178,8 @@ def _base_setup(req: PlanRequest) -> Setup:
         deepspeed_stage=stage, offload_optimizer=req.offload_optimizer, offload_param=req.offload_param,
         fsdp=req.fsdp_sharding if req.fsdp else None, micro_batch=req.micro_batch or 1,
         seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing or req.checkpoint_offload),
-        checkpoint_offload=req.checkpoint_offload, checkpoint_layers=req.checkpoint_layers,
+        checkpoint_offload=req.checkpoint_offload,
+        checkpoint_layers=req.checkpoint_layers if (req.gradient_checkpointing or req.checkpoint_offload) else None,
         attention=req.attention, fused_ce=bool(req.fused_ce), optimizer=req.optimizer,
         optimizer_rank=req.optimizer_rank, liger=req.liger, fp32_model_weights=req.fp32_model_weights,
         fp32_adapters=req.fp32_adapters, stage=req.stage, rows_per_example=req.rows_per_example,
@@ -309,6 +311,8 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
     """Every strategy x checkpointing x micro-batch x kernel choice the request leaves open
     (`open_all`: the recommendation's search, which opens checkpointing, micro-batch and Liger too)."""
     base = _base_setup(req)
+    if open_all:  # the recommendation searches checkpointing afresh (partial rows: partial_checkpointing)
+        base = replace(base, checkpoint_layers=None)
     # Liger (its fused CE and its kernels, one switch): searched when the request leaves it open (None),
     # and by the recommendation when the run has no fused loss yet and its stage's loss allows one
     opened = open_all and req.fused_ce is False and req.stage_fused_ce and req.loss_path == "lm"
@@ -485,7 +489,10 @@ def resolve_auto(req: PlanRequest) -> dict[str, object]:
         strategies = [
             s
             for s in candidate_strategies(req, allow_method_change=False)
-            if s.fsdp is None and s.fp8 is None
+            if s.fsdp is None
+            and s.fp8 is None
+            # use_unsloth_gc is refused under ZeRO-3 (plan/decide.py): never a choice, not even the fallback
+            and not (req.checkpoint_offload and s.deepspeed_stage == 3)
         ]
     else:
         strategies = [configured_strategy(req)]

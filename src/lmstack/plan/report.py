@@ -27,8 +27,16 @@ BREAKDOWN_ROWS = (
 def shown_candidates(result: PlanResult) -> list[Candidate]:
     """Best variant per (strategy, checkpointing): fastest fitting, else the smallest."""
     rows: list[Candidate] = []
-    # off, full, offloaded (use_unsloth_gc), partial (k of the N layers recompute: plan/partial_ckpt.py)
-    for ckpt in ((False, False, False), (True, False, False), (True, True, False), (True, False, True)):
+    # off, full, offloaded (use_unsloth_gc), partial (k of the N layers recompute: plan/partial_ckpt.py),
+    # partial with the recomputed layers' inputs offloaded
+    groups = (
+        (False, False, False),
+        (True, False, False),
+        (True, True, False),
+        (True, False, True),
+        (True, True, True),
+    )
+    for ckpt in groups:
         group = [
             c for c in result.candidates
             if (c.setup.gradient_checkpointing, c.setup.checkpoint_offload,

@@ -182,3 +182,40 @@ def test_a_resolved_partial_plan_is_estimated_at_its_own_k(qwen7b, over):
     assert got.estimate.gpu.allocated == pytest.approx(chosen.estimate.gpu.allocated)
     every = replace(got.setup, checkpoint_layers=None)
     assert estimate(request(qwen7b, 24).spec, every).gpu.allocated < got.estimate.gpu.allocated
+
+
+def test_partial_offloaded_rows_are_shown_labelled_and_explained(qwen7b):
+    """With use_unsloth_gc under auto the configured row is k/N offloaded: `lmstack plan` shows such rows
+    ("k/N offload"), and a recommendation of one says it recomputes k of the N layers, offloaded."""
+    from lmstack.plan.advice import ckpt_cell, reason
+    from lmstack.plan.report import shown_candidates
+
+    result = plan(request(qwen7b, 24, use_unsloth_gc=True))
+    conf = result.configured.setup
+    assert conf.checkpoint_offload and conf.checkpoint_layers is not None
+    shown = [c for c in shown_candidates(result) if c.setup.checkpoint_offload and c.setup.checkpoint_layers]
+    assert shown
+    k = shown[0].setup.checkpoint_layers
+    assert ckpt_cell(shown[0].setup, N) == f"{k}/{N} offload"
+    assert f"{k}/{N} offload" in format_table(result)
+    text = reason(result.request, shown[0], {}, None)
+    assert (
+        f"re-runs the forward of {k} of the {N} decoder layers" in text
+        and "offloaded (use_unsloth_gc)" in text
+    )
+
+
+def test_the_recommendation_from_a_resolved_plan_searches_every_layer_count(qwen7b):
+    """A resolved plan's k is its configured row's, not every searched row's: the recommendation still has
+    rows that recompute every layer; and a request with k but checkpointing off is no error."""
+    from lmstack.plan.from_config import request_from_plan
+
+    p = resolve(qwen7b, 24)
+    req = replace(request_from_plan(p, 1, 24), available=EVERYTHING)
+    result = plan(req)
+    assert result.configured.setup.checkpoint_layers == p.checkpoint_layers
+    every = [
+        c for c in result.candidates if c.setup.gradient_checkpointing and c.setup.checkpoint_layers is None
+    ]
+    assert every
+    assert plan(replace(req, gradient_checkpointing=False, checkpoint_offload=False)).configured is not None

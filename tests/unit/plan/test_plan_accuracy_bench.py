@@ -93,8 +93,9 @@ def test_peak_breakdown_names_the_live_blocks_at_the_allocation_peak():
         "device_traces": [trace],
         "segments": [{"blocks": [{"size": 2 * gib, "state": "active_allocated"}]}],
     }
-    got = peak_breakdown(snap)
+    got = peak_breakdown(snap, measured_bytes=7 * gib)  # 1 GiB allocated before the trace began
     assert got["traced_peak_gib"] == 6.0 and got["allocated_at_end_gib"] == 2.0 and got["events"] == 6
+    assert got["untraced_gib"] == 1.0 and got["wrapped"] is False
     rows = dict(got["by_owner"])
     assert rows == {
         "trl/experimental/orpo/orpo_trainer.py:5 ce": 3.0,
@@ -103,3 +104,20 @@ def test_peak_breakdown_names_the_live_blocks_at_the_allocation_peak():
     }
     assert [k for k, _ in got["by_owner"]][0].startswith("trl/")  # largest first
     assert peak_breakdown({"device_traces": []})["traced_peak_gib"] == 0
+
+
+def test_diagnostic_reruns_are_not_predictions():
+    """--set snap rows (a traced re-run of a measured config) have basis "diagnostic" and round "snap": the
+    accuracy summaries and tests/unit/plan/test_plan_accuracy.py leave them out."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from plan_accuracy import STAGES_SNAP, local_row
+
+    assert STAGES_SNAP and all(
+        name.startswith("snap_") and over["_snapshot"] for name, _, over, _ in STAGES_SNAP
+    )
+    predicted = {"allocated": 2.0, "reserved": 2.1}
+    lengths = {"source": "cutoff_len", "seq_len": 16}
+    row = local_row("snap_r4_orpo_0.5b_full_mb2", "qwen2.5-0.5b", {"stage": "dpo"}, predicted, lengths,
+                    {"measured_gib": 2.0}, "gpu")  # fmt: skip
+    assert row["basis"] == "diagnostic" and row["round"] == "snap"
+    assert local_row("r4_x", "a", {}, predicted, lengths, {}, "gpu")["basis"] == "predicted"

@@ -168,3 +168,31 @@ def test_offloaded_mode_is_never_proposed_with_zero3_or_fsdp(qwen7b):
     from lmstack.plan.advice import unsupported
 
     assert "use_unsloth_gc" in unsupported(result.request, s)
+
+
+def test_deepspeed_auto_never_falls_back_to_zero3_with_use_unsloth_gc(qwen7b):
+    """deepspeed: auto with use_unsloth_gc, where nothing fits: the smallest setup it falls back to is not a
+    ZeRO-3 row (use_unsloth_gc is refused there), so the run plan resolves and says nothing fits."""
+    yaml = dict(output_dir="o", bf16=True, cutoff_len=2048, packing=True, finetuning_type="full",
+                per_device_train_batch_size=8, use_unsloth_gc=True, deepspeed="auto", model_name_or_path=qwen7b)  # fmt: skip
+    ctx = replace(gpu_context(1, 24), packages=EVERYTHING)
+    p = RunPlan.resolve(build_config(yaml), ctx)
+    assert p.checkpoint_offload and (p.deepspeed is None or p.deepspeed.zero_stage != 3)
+    assert any("nothing fits" in n for n in p.notes)
+
+
+def test_a_recommendation_that_recomputes_lifts_disable_gradient_checkpointing(qwen7b, base_cfg):
+    """disable_gradient_checkpointing: true (LF's switch) would keep a recommended checkpointing off: the
+    YAML changes turn it back to false, and applied they give a plan that recomputes."""
+    yaml = dict(output_dir="o", bf16=True, cutoff_len=2048, packing=True, finetuning_type="lora",
+                lora_target="all", per_device_train_batch_size=8, disable_gradient_checkpointing=True,
+                model_name_or_path=qwen7b)  # fmt: skip
+    req = replace(request_from_config(build_config(yaml), 1, 24), available=EVERYTHING)
+    assert req.checkpointing_disabled
+    changes = plan(req).recommendation.yaml_changes
+    assert changes["disable_gradient_checkpointing"] is False and changes["gradient_checkpointing"] in (
+        True,
+        "auto",
+    )
+    p = RunPlan.resolve(build_config({**yaml, **changes}), replace(gpu_context(1, 24), packages=EVERYTHING))
+    assert p.checkpointing
