@@ -543,7 +543,20 @@ def versions(system: str, site: str = "") -> dict:
             out["lmstack_commit"] = commit.stdout.strip() or None
         except OSError:
             out["lmstack_commit"] = None
+        # the device machine's copy of the tree can carry stale git metadata (its commit was the session's
+        # first): the code that ran, by content -- compare with `python3 bench/lmstack_bench.py tree-digest`
+        out["lmstack_tree"] = tree_digest()
     return out
+
+
+def tree_digest() -> str:
+    """A short hash of src/lmstack's Python files (paths and bytes): which code a result line came from."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted((REPO / "src" / "lmstack").rglob("*.py")):
+        h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def gpu_name() -> str:
@@ -719,12 +732,15 @@ def main() -> None:
         help="which systems' runs to make (one GPU stream each on a 2-GPU machine)",
     )
     a.add_argument("--logs", default="/tmp/bench_logs")
+    sub.add_parser("tree-digest", help="print the hash of src/lmstack that result lines carry (lmstack_tree)")
     one = sub.add_parser("lmstack-one")
     one.add_argument("name")
     one.add_argument("config")
     args = parser.parse_args()
     if args.cmd == "all":
         run_all(args)
+    elif args.cmd == "tree-digest":
+        print(tree_digest())
     else:
         lmstack_one(args.name, json.loads(args.config))
 
