@@ -65,8 +65,9 @@ class ModelArgs(Section):
     use_reentrant_gc: bool = Field(True, description="Use reentrant activation checkpointing.")
     use_unsloth_gc: bool = Field(
         False,
-        description="Unsloth-style offloaded checkpointing: recompute every decoder layer and park its input "
-        "hidden state in CPU RAM until its backward (lmstack's own; does not need unsloth installed).",
+        description="Unsloth-style offloaded checkpointing: each recomputed decoder layer parks its input hidden "
+        "state in CPU RAM until its backward (lmstack's own; does not need unsloth installed). Every layer with "
+        "gradient_checkpointing: true; under auto (the default) the planner recomputes only as many as the GPU needs.",
     )
     upcast_layernorm: bool = Field(False, description="Keep norm weights in fp32.")
     low_cpu_mem_usage: bool = Field(True, description="Load weights without a full CPU copy.")
