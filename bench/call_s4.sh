@@ -3,7 +3,8 @@
 # phase skips what this machine already made (a warm machine keeps /tmp between calls):
 #   gputests  the marked GPU tests: partial/offloaded checkpointing, allocator, fused LoRA, FP8, batched greedy
 #   parity15  issue 19's FP8 loss parity on the 1.5B (LoRA, then full), 200 steps (bench/fp8_parity.py)
-#   plan      issue 20's round-4 stage runs, each predicted before it is measured (bench/plan_accuracy.py --set r4)
+#   plan      issue 20's round-4 stage runs, each predicted before it is measured (bench/plan_accuracy.py --set r4;
+#             PLAN_SET=r5 for round 5, once the planner is fixed for what `snap` shows)
 #   parity7   FP8 loss parity on the 7B LoRA (4 x 2048), 200 steps
 #   peers24   the 24 GiB row again with LF and Unsloth, plus the planner's own choice on an emulated 24 GiB GPU
 #   compile05 regional torch.compile on/off on the 0.5B rows, with LF (bench/lmstack_bench.py --set compile05)
@@ -54,7 +55,7 @@ for ph in $PHASES; do
   plan)
     [ "$(left)" -gt 100 ] || continue
     [ -f /tmp/plan_accuracy.json ] || cp bench/results/plan_accuracy.json /tmp/plan_accuracy.json
-    env PYTHONPATH=/tmp/site_lm:$PWD/src python3 bench/plan_accuracy.py /tmp/assets --set r4 --skip-done \
+    env PYTHONPATH=/tmp/site_lm:$PWD/src python3 bench/plan_accuracy.py /tmp/assets --set "${PLAN_SET:-r4}" --skip-done \
       --out /tmp/plan_accuracy.json --budget $(( $(left) - 15 )) 2>&1 | grep -v "^\[lmstack\]\|Writing model shards" | tail -22
     cp /tmp/plan_accuracy.json "$O/"
     (cd /tmp/plan_acc && tar czf "$O/plan_acc_logs.tar.gz" ./*.log 2>/dev/null) ;;

@@ -331,6 +331,32 @@ STAGES_R4 = [
     ("r4_grpo_7b_lora_mb4", S7, dict(**{**GRPO, "max_new_tokens": 64}, **LORA, per_device_train_batch_size=4,
                                       _steps=3, **EPOCH), True),
 ]  # fmt: skip
+# Round 5 (next): runs new to the planner, weighted to round 4's weak spot -- full fine-tunes with an unfused
+# loss head (round 4's worst, ORPO on a full 0.5B, +12.3%) -- run after `--set snap` has shown where their
+# peak is and the planner is fixed for it; one epoch each, as round 4
+STAGES_R5 = [
+    ("r5_orpo_1.5b_full_mb2", S15, dict(stage="dpo", pref_loss="orpo", finetuning_type="full", **PAIR,
+                                         per_device_train_batch_size=2, learning_rate=1e-6, **EPOCH), True),
+    ("r5_dpo_1.5b_full_mb2", S15, dict(stage="dpo", pref_loss="sigmoid", finetuning_type="full", **PAIR,
+                                        per_device_train_batch_size=2, learning_rate=1e-6, **EPOCH), True),
+    ("r5_kto_0.5b_full_mb4", S05, dict(stage="kto", dataset="synth_kto", finetuning_type="full", packing=False,
+                                        cutoff_len=1024, per_device_train_batch_size=4, learning_rate=1e-6, **EPOCH), True),
+    ("r5_rm_1.5b_full_mb2", S15, dict(stage="rm", finetuning_type="full", **PAIR, per_device_train_batch_size=2,
+                                       learning_rate=1e-6, **EPOCH), True),
+    ("r5_sft_unpacked_0.5b_full_mb8", S05, dict(stage="sft", finetuning_type="full", **UNPACKED,
+                                                 per_device_train_batch_size=8, **EPOCH), True),
+    ("r5_sft_1.5b_full_mb4_ckpt", S15, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=4,
+                                             gradient_checkpointing=True), True),
+    ("r5_simpo_1.5b_lora_mb4", S15, dict(stage="dpo", pref_loss="simpo", **LORA, **PAIR, per_device_train_batch_size=4,
+                                          **EPOCH), True),
+    ("r5_grpo_1.5b_lora_mb8", S15, dict(**GRPO, **LORA, per_device_train_batch_size=8, **EPOCH), True),
+    ("r5_kto_7b_lora_mb4", S7, dict(stage="kto", dataset="synth_kto", **LORA, packing=False, cutoff_len=1024,
+                                     per_device_train_batch_size=4, **EPOCH), True),
+    ("r5_orpo_7b_lora_mb2", S7, dict(stage="dpo", pref_loss="orpo", **LORA, **PAIR, per_device_train_batch_size=2,
+                                      **EPOCH), True),
+    ("r5_sft_unpacked_7b_lora_mb8_ckpt", S7, dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=8,
+                                                   gradient_checkpointing=True, **EPOCH), True),
+]  # fmt: skip
 # Diagnostics (not predictions): the planner's largest errors run again with a memory trace, so the peak's
 # live blocks can be named by the code that allocated them (`peak_breakdown` in the row, basis "diagnostic")
 SNAP = {"_snapshot": True}
@@ -554,6 +580,12 @@ def run_child(cfg: dict, timeout: float, log: Path, env: dict | None = None, sna
     return got
 
 
+def round_of(name: str) -> str:
+    """'r4', 'r5', ... from a round's run name ('snap' for the traced re-runs); 'earlier' before rounds."""
+    head = name.split("_")[0]
+    return head if head == "snap" or (head[:1] == "r" and head[1:].isdigit()) else "earlier"
+
+
 def local_row(
     name: str, arch: str, cfg: dict, predicted: dict, lengths: dict, measured: dict, gpu: str
 ) -> dict:
@@ -570,7 +602,7 @@ def local_row(
            "predicted_reserved_gib": predicted["reserved"], "lengths": lengths,
            "data_aware": lengths["source"] != "cutoff_len", "config": keep,
            "run_date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "gpu": gpu,
-           "chunked_ce_model": "current", "round": name.split("_")[0] if name.startswith(("r4_", "snap_")) else "earlier", **measured}  # fmt: skip
+           "chunked_ce_model": "current", "round": round_of(name), **measured}  # fmt: skip
     if row.get("measured_gib"):
         row["error_pct"] = round(100 * (row["predicted_gib"] - row["measured_gib"]) / row["measured_gib"], 1)
     if row.get("reserved_gib"):
@@ -658,7 +690,14 @@ def main_stages(args) -> None:
             for r in json.loads(out.read_text())["runs"]
             if r.get("basis") in ("predicted", "diagnostic") and r.get("measured_gib")
         }
-    chosen = {"stages": STAGES, "r4": STAGES_R4, "all": STAGES + STAGES_R4, "snap": STAGES_SNAP}[args.set]
+    sets = {
+        "stages": STAGES,
+        "r4": STAGES_R4,
+        "r5": STAGES_R5,
+        "all": STAGES + STAGES_R4,
+        "snap": STAGES_SNAP,
+    }
+    chosen = sets[args.set]
     runs = [r for r in chosen if (not args.only or r[0] in args.only.split(",")) and r[0] not in done]
     for name, arch, overrides, cpu_ok in runs:
         left = args.budget - (time.time() - t0)
@@ -709,7 +748,7 @@ def summarize(results: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("assets", nargs="?", default=None)
-    ap.add_argument("--set", default="stages", choices=["stages", "r4", "all", "snap"])
+    ap.add_argument("--set", default="stages", choices=["stages", "r4", "r5", "all", "snap"])
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=str(Path(REPO) / "bench" / "results" / "plan_accuracy.json"))
     ap.add_argument("--work", default="/tmp/plan_acc")

@@ -121,3 +121,13 @@ def test_diagnostic_reruns_are_not_predictions():
                     {"measured_gib": 2.0}, "gpu")  # fmt: skip
     assert row["basis"] == "diagnostic" and row["round"] == "snap"
     assert local_row("r4_x", "a", {}, predicted, lengths, {}, "gpu")["basis"] == "predicted"
+
+
+def test_rows_carry_their_round():
+    sys.path.insert(0, str(REPO / "bench"))
+    from plan_accuracy import STAGES_R5, round_of
+
+    assert [round_of(n) for n in ("r4_dpo_x", "r5_orpo_y", "snap_r4_z", "dpo_0.5b_lora_mb4", "rm_x")] == [
+        "r4", "r5", "snap", "earlier", "earlier"
+    ]  # fmt: skip
+    assert STAGES_R5 and all(round_of(name) == "r5" for name, *_ in STAGES_R5)
