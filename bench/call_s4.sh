@@ -11,7 +11,8 @@
 #   snap      issue 20's largest errors again with a memory trace: who holds the peak (plan_accuracy.py --set snap)
 # Next session (the first call ran gputests + parity15's LoRA; the GPU tests it failed are fixed since):
 #   PHASES="gputests snap parity15" bash bench/call_s4.sh 580            (carry .whl/lm .whl/bnb .whl/ao)
-#   PHASES="parity7 compile05" bash bench/call_s4.sh 580                 (+ .whl/lf .whl/liger)
+#   PLAN_SET=r5 PHASES="plan parity7" bash bench/call_s4.sh 580          (after the planner fix snap points to)
+#   PHASES="compile05" bash bench/call_s4.sh 560                         (+ .whl/lf .whl/liger)
 # carry: .whl/lm .whl/bnb .whl/ao (+ .whl/lf .whl/liger .whl/uns for peers24 / compile05). Results under $OUT.
 #   PHASES="gputests parity15 plan" bash bench/call_s4.sh 585
 TOTAL=${1:-570}
