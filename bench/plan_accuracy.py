@@ -184,7 +184,6 @@ PAIR = dict(dataset="synth_pref", packing=False, cutoff_len=1024, pref_beta=0.1)
 S05, S15, S7 = "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"
 GRPO = dict(stage="grpo", dataset="synth", packing=False, cutoff_len=512, max_new_tokens=256, num_generations=4,
             reward_funcs="REWARD", pref_beta=0.04, temperature=1.0)  # fmt: skip
-DEFAULT_ALLOCATOR = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}  # `_env`: the run's environment
 # name, arch, overrides, runs on a CPU in --dry-run; ordered by what matters most if the budget runs out
 STAGES = [
     (
@@ -505,18 +504,23 @@ def peak_breakdown(snap: dict, measured_bytes: int | None = None, top: int = 15)
     `untraced_gib`: the measured peak (max_memory_allocated) minus the traced one -- blocks allocated before
     the trace's oldest kept event (`wrapped`: the ring buffer overflowed and dropped the first events)."""
     trace = snap["device_traces"][0] if snap.get("device_traces") else []
-    live: dict[int, tuple[int, str]] = {}
-    total = peak = 0
-    at_peak: dict[int, tuple[int, str]] = {}
-    for ev in trace:
-        action, addr, size = ev.get("action"), ev.get("addr"), int(ev.get("size", 0))
-        if action == "alloc":
-            live[addr] = (size, _owner(ev.get("frames") or []))
-            total += size
-            if total > peak:
-                peak, at_peak = total, dict(live)
-        elif action == "free_requested" and addr in live:
-            total -= live.pop(addr)[0]
+
+    def replay(until: int) -> tuple[dict[int, dict], int]:
+        """The live alloc events after trace[:until], and the index just past the allocation peak."""
+        live: dict[int, dict] = {}
+        total = peak = peak_at = 0
+        for i, ev in enumerate(trace[:until]):
+            if ev.get("action") == "alloc":
+                live[ev.get("addr")] = ev
+                total += int(ev.get("size", 0))
+                if total > peak:
+                    peak, peak_at = total, i + 1
+            elif ev.get("action") == "free_requested" and ev.get("addr") in live:
+                total -= int(live.pop(ev.get("addr")).get("size", 0))
+        return live, peak_at
+
+    at_peak, _ = replay(replay(len(trace))[1])  # two linear passes: find the peak, then who is live there
+    at_peak = {addr: (int(ev.get("size", 0)), _owner(ev.get("frames") or [])) for addr, ev in at_peak.items()}
     traced = sum(size for size, _ in at_peak.values())
     allocated_now = sum(
         b["size"] for seg in snap.get("segments", []) for b in seg.get("blocks", []) if b.get("state") == "active_allocated"

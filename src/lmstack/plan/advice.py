@@ -128,11 +128,13 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
     return ch
 
 
-def ckpt_cell(s: Setup, layers: int) -> str:
-    """off | on | offloaded | k/N (partial: k of the N decoder layers recompute) | k/N offload."""
+def ckpt_cell(s: Setup, layers: int, short: bool = False) -> str:
+    """off | on | offloaded | k/N (partial: k of the N decoder layers recompute) | k/N offload; `short`:
+    "offload" for the table's column."""
     if s.checkpoint_layers is not None:
         return f"{s.checkpoint_layers}/{layers}" + (" offload" if s.checkpoint_offload else "")
-    return "offloaded" if s.checkpoint_offload else "on" if s.gradient_checkpointing else "off"
+    offloaded = "offload" if short else "offloaded"
+    return offloaded if s.checkpoint_offload else "on" if s.gradient_checkpointing else "off"
 
 
 def label(c: Candidate, layers: int) -> str:
@@ -155,14 +157,14 @@ def reason(
         f", at a rough relative step cost of {rec.cost:.2f}."
     )
     k = rec.setup.checkpoint_layers
+    if k is not None:  # partial: what k of the N layers costs and who picks k
+        extra = f"~{33 * k / layers:.0f}% more compute"
+        kept = f"the last {layers - k} keep their activations"
+        picks = "gradient_checkpointing: auto picks this count when training starts"
     if rec.setup.checkpoint_offload:
         which = "each layer's forward (~33% more compute)"
         if k is not None:
-            which = (
-                f"the forward of {k} of the {layers} decoder layers, the smallest count that fits (~{33 * k / layers:.0f}% "
-                f"more compute; the last {layers - k} keep their activations; gradient_checkpointing: auto picks "
-                "this count when training starts)"
-            )
+            which = f"the forward of {k} of the {layers} decoder layers, the smallest count that fits ({extra}; {kept}; {picks})"
         text += (
             f" Gradient checkpointing is on with the layer inputs offloaded (use_unsloth_gc): it re-runs {which} "
             f"and parks {rec.estimate.offloaded_activations_gib:.1f} GiB of layer inputs in CPU RAM per node, "
@@ -171,8 +173,7 @@ def reason(
     elif k is not None:
         text += (
             f" Gradient checkpointing on {k} of the {layers} decoder layers, the smallest count that fits: it "
-            f"re-runs only those layers' forward (~{33 * k / layers:.0f}% more compute); the last {layers - k} "
-            "keep their activations. gradient_checkpointing: auto picks this count when training starts."
+            f"re-runs only those layers' forward ({extra}); {kept}. {picks}."
         )
     elif rec.setup.gradient_checkpointing:
         text += " Gradient checkpointing is on: it re-runs each layer's forward (~33% more compute)."

@@ -390,7 +390,7 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     if s.expandable_segments:
         frag = mem.EXPANDABLE_FRAGMENTATION_FACTOR
     pending = 0.0
-    if s.gradient_checkpointing and s.checkpoint_offload:
+    if s.checkpoint_offload:  # validate_setup: only with checkpointing
         kept, recomputed = kept_recomputed(spec, s)
         pending = mem.offload_pending_bytes(train_tokens(s), recomputed, kept, spec.hidden_size)
     gpu = mem.breakdown(

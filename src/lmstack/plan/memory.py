@@ -321,11 +321,10 @@ def partial_checkpoint_bytes(
     prefetched one). In the backward the kept layers are freed before the first recompute, so the
     recomputed layer never adds to them. ``kept`` = 0 is full checkpointing (activation_bytes)."""
     inputs = checkpointed_bytes_per_token_layer(hidden)
+    if kept == 0 and offload:
+        gpu, _ = offloaded_checkpoint_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, factor)
+        return gpu
     if kept == 0:
-        if offload:
-            return offloaded_checkpoint_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, factor)[
-                0
-            ]
         return activation_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, True, factor)
     held = (1 + OFFLOAD_PREFETCH_LAYERS) if offload else recomputed
     return tokens * (kept * full_layer_bytes_per_token * factor + min(held, recomputed) * inputs)

@@ -335,13 +335,12 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
                 continue  # use_unsloth_gc is refused with sharded weights (plan/decide.py): not a choice
             row[ckpt] = evaluate(req, st, _apply(base, st, ckpt, mb, fu, at, req.fp8_allowed))
         out += row.values()
-        if CKPT_OFF in row and CKPT_FULL in row:  # checkpointing left to the planner: partial rows too
-            out += [c for c in [partial_checkpointing(req, row[CKPT_OFF], row[CKPT_FULL])] if c]
-        if CKPT_OFF in row and CKPT_OFFLOADED in row:  # the recommendation: offloaded on k layers too
-            out += [c for c in [partial_checkpointing(req, row[CKPT_OFF], row[CKPT_OFFLOADED])] if c]
-        elif CKPT_OFFLOADED in row and req.checkpoint_offload and req.gradient_checkpointing is None:
-            # use_unsloth_gc under gradient_checkpointing: auto: offloaded, on the fewest layers that fit
-            out += [c for c in [partial_checkpointing(req, None, row[CKPT_OFFLOADED])] if c]
+        # checkpointing left to the planner: partial rows (k of N layers) between "off" and each "all" mode;
+        # use_unsloth_gc under gradient_checkpointing: auto has no "off" (checkpointing stays on, offloaded)
+        pairs = [(row.get(CKPT_OFF), row[full]) for full in (CKPT_FULL, CKPT_OFFLOADED) if full in row]
+        if CKPT_OFF not in row:
+            pairs = pairs if req.checkpoint_offload and req.gradient_checkpointing is None else []
+        out += [c for c in (partial_checkpointing(req, off, full) for off, full in pairs) if c]
     return out
 
 

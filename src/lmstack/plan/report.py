@@ -141,7 +141,7 @@ def format_table(result: PlanResult) -> str:
         cells = [
             f"{name:<24}",
             f"{c.setup.micro_batch:>7}",
-            f"{ckpt_cell(c.setup, req.spec.num_layers).replace('offloaded', 'offload'):>7}",
+            f"{ckpt_cell(c.setup, req.spec.num_layers, short=True):>7}",
         ]
         cells += [f"{v:>7.1f}" for v in nums] + [f"{'✓' if c.fits else '✗':>7}"]
         lines.append("  ".join(cells) + (f"  {c.why_not}" if c.why_not else ""))
