@@ -244,7 +244,7 @@ def checkpointing(cfg: Config, user_value: bool | str) -> Reasoned:
         if off:
             raise ConfigError(
                 f"use_unsloth_gc: true and {' and '.join(off)}: use_unsloth_gc is offloaded gradient "
-                "checkpointing (every layer recomputed, its input parked in CPU RAM); remove one of them"
+                "checkpointing (the recomputed layers' inputs parked in CPU RAM); remove one of them"
             )
         return True, "use_unsloth_gc: true (checkpointing with the layer inputs offloaded to CPU RAM)"
     if cfg.model.disable_gradient_checkpointing:
