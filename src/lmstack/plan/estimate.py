@@ -36,6 +36,9 @@ class Setup:
     offload_param: bool = False
     fsdp: str | None = None  # None | "FULL_SHARD" | "SHARD_GRAD_OP"
     micro_batch: int = 1
+    # rows one optimizer step sees per GPU (micro_batch x gradient_accumulation_steps); 0: micro_batch. Above
+    # micro_batch, the gradients of earlier micro-batches stay alive through the next forward.
+    optimizer_batch: int = 0
     seq_len: int = 2048
     gradient_checkpointing: bool = False
     checkpoint_offload: bool = False  # use_unsloth_gc: the checkpointed layer inputs wait in CPU RAM
@@ -349,6 +352,33 @@ def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
     return max(0.0, mem.FP32_BYTES * trainable - freed)
 
 
+# The loss heads whose transient peaks in the backward's first op, before any parameter gradient exists:
+# TRL's full-logits losses (ORPO, SimPO: the [tokens x V] logits, their fp32 copy and gradient) and the
+# value head (rm). Traced on the H200 (torch.cuda.memory._record_memory_history, plan_accuracy.json's
+# `snap_r4_orpo_0.5b_full_mb2` and `snap_r4_rm_0.5b_full_mb4`): at the peak every forward activation is
+# alive and no decoder gradient is (the Trainer frees them after each step); only the trained head's
+# gradient joins the logits' transient.
+BACKWARD_START_HEADS = ("full_logits", "full_logits_no_nll", "value_head")
+
+
+def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -> float:
+    """The gradient bytes that add to the peak above the forward's `forward` bytes (activations, loss head,
+    stage terms). Summed (all of `grads`) unless the peak is provably at the start of the backward: a loss
+    head of BACKWARD_START_HEADS on a full fine-tune, one process without ZeRO/FSDP (DDP's buckets and
+    ZeRO's partitions keep gradient storage alive), no gradient accumulation. There the peak is the larger
+    of the backward's start (the forward's bytes + the head's gradient) and its end (every gradient, the
+    activations freed): as the backward walks down the layers each one frees its activations and allocates
+    its gradients, so the peak is at one of the two ends."""
+    single = s.num_gpus == 1 and s.deepspeed_stage in (None, 0) and s.fsdp is None
+    no_accumulation = s.optimizer_batch <= s.micro_batch
+    if not (s.loss_path in BACKWARD_START_HEADS and s.finetuning_type == "full" and single and no_accumulation):
+        return grads
+    head = 0.0
+    if s.loss_path != "value_head":  # the tied or separate [V, h] head's gradient, in the weights' dtype
+        head = (mem.FP32_BYTES if s.fp32_model_weights else mem.BF16_BYTES) * spec.vocab_size * spec.hidden_size
+    return max(head, grads - forward)
+
+
 def loss_bytes(spec: ModelSpec, s: Setup) -> float:
     """The loss head's peak: logits / chunked CE (lm), TRL's fused log-probs, full logits, value head."""
     tokens = train_tokens(s)
@@ -361,7 +391,10 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
             logits -= mem.PREF_NLL_BYTES_PER_CHOSEN * (tokens // 2) * spec.vocab_size
         return logits
     if s.loss_path == "value_head":
-        hidden_states = mem.VALUE_HEAD_MARGIN_BYTES * tokens * spec.hidden_size * (spec.num_layers + 1)
+        # the margin was fitted on a bf16 model; classic AMP's residual stream is fp32, twice the bytes (the
+        # traced full rm run, snap_r4_rm_0.5b_full_mb4: 0.82 GiB above the bf16 margin's 0.79)
+        widen = mem.FP32_BYTES / mem.BF16_BYTES if s.fp32_model_weights else 1.0
+        hidden_states = widen * mem.VALUE_HEAD_MARGIN_BYTES * tokens * spec.hidden_size * (spec.num_layers + 1)
         return mem.VALUE_HEAD_INPUT_BYTES * tokens * spec.hidden_size + hidden_states
     if s.fused_ce and not _liger(s):  # lmstack's chunked linear CE (models/kernels.py)
         logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
@@ -393,8 +426,9 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     if s.checkpoint_offload:  # validate_setup: only with checkpointing
         kept, recomputed = kept_recomputed(spec, s)
         pending = mem.offload_pending_bytes(train_tokens(s), recomputed, kept, spec.hidden_size)
+    grads = gradients_at_peak(spec, s, st.grads, acts + logits + sum(v for _, v in terms))
     gpu = mem.breakdown(
-        st.weights, st.grads, optim, acts, logits, st.adapters, terms=terms, fragmentation=frag,
+        st.weights, grads, optim, acts, logits, st.adapters, terms=terms, fragmentation=frag,
         reserved_extra=pending,
     )  # fmt: skip
     parked = offloaded_activations(spec, s) * max(s.num_gpus // s.nodes, 1) / mem.GIB

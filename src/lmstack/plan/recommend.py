@@ -177,6 +177,7 @@ def _base_setup(req: PlanRequest) -> Setup:
         freeze_trainable_layers=req.freeze_trainable_layers, num_gpus=req.num_gpus, nodes=req.nodes,
         deepspeed_stage=stage, offload_optimizer=req.offload_optimizer, offload_param=req.offload_param,
         fsdp=req.fsdp_sharding if req.fsdp else None, micro_batch=req.micro_batch or 1,
+        optimizer_batch=(req.micro_batch or 1) * req.gradient_accumulation_steps,
         seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing or req.checkpoint_offload),
         checkpoint_offload=req.checkpoint_offload,
         checkpoint_layers=req.checkpoint_layers if (req.gradient_checkpointing or req.checkpoint_offload) else None,
