@@ -371,11 +371,15 @@ def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -
     its gradients, so the peak is at one of the two ends."""
     single = s.num_gpus == 1 and s.deepspeed_stage in (None, 0) and s.fsdp is None
     no_accumulation = s.optimizer_batch <= s.micro_batch
-    if not (s.loss_path in BACKWARD_START_HEADS and s.finetuning_type == "full" and single and no_accumulation):
+    if not (
+        s.loss_path in BACKWARD_START_HEADS and s.finetuning_type == "full" and single and no_accumulation
+    ):
         return grads
     head = 0.0
     if s.loss_path != "value_head":  # the tied or separate [V, h] head's gradient, in the weights' dtype
-        head = (mem.FP32_BYTES if s.fp32_model_weights else mem.BF16_BYTES) * spec.vocab_size * spec.hidden_size
+        head = (
+            (mem.FP32_BYTES if s.fp32_model_weights else mem.BF16_BYTES) * spec.vocab_size * spec.hidden_size
+        )
     return max(head, grads - forward)
 
 
@@ -394,7 +398,9 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
         # the margin was fitted on a bf16 model; classic AMP's residual stream is fp32, twice the bytes (the
         # traced full rm run, snap_r4_rm_0.5b_full_mb4: 0.82 GiB above the bf16 margin's 0.79)
         widen = mem.FP32_BYTES / mem.BF16_BYTES if s.fp32_model_weights else 1.0
-        hidden_states = widen * mem.VALUE_HEAD_MARGIN_BYTES * tokens * spec.hidden_size * (spec.num_layers + 1)
+        hidden_states = (
+            widen * mem.VALUE_HEAD_MARGIN_BYTES * tokens * spec.hidden_size * (spec.num_layers + 1)
+        )
         return mem.VALUE_HEAD_INPUT_BYTES * tokens * spec.hidden_size + hidden_states
     if s.fused_ce and not _liger(s):  # lmstack's chunked linear CE (models/kernels.py)
         logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
