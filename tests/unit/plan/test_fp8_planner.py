@@ -237,6 +237,35 @@ def test_full_fp8_is_measured_slower_so_the_planner_ranks_it_below_bf16(model_di
     assert two.recommendation.candidate.setup.fp8 is None and "fp8" not in two.recommendation.yaml_changes
 
 
+def test_full_fp8_run_plan_says_once_it_is_measured_slower_and_still_runs_it(model_dir, base_cfg):
+    """fp8: true with finetuning_type: full is accepted and runs torchao's float8 training as before; the
+    run plan's notes say once that it was measured at 0.56x of bf16 uncompiled and saves no memory."""
+    ctx = gpu_context(1, 141, *H200)
+    flat = {**base_cfg, "model_name_or_path": model_dir("1.5b"), "bf16": True, "fp8": True}
+
+    def speed_notes(**kw) -> tuple[RunPlan, list[str]]:
+        run = RunPlan.resolve(build_config({**flat, **kw}), ctx)
+        return run, [n for n in run.notes if "of bf16's speed" in n]
+
+    run, notes = speed_notes(finetuning_type="full")
+    assert (run.fp8.enabled, run.fp8.scope, run.fp8.backend) == (True, "float8-training", "torchao")
+    (note,) = notes
+    assert note.startswith("fp8 (full fine-tuning, torchao float8-training): expect it slower than bf16")
+    assert "ran at 0.56x of bf16's speed on the H200 (Qwen2.5-1.5B shape, full fine-tuning, 8 x 2048" in note
+    assert "without torch.compile" in note
+    assert note.endswith("fp8: false runs faster here (uncompiled, as this run is)")
+    assert "saves no memory either (weights, gradients and optimizer states stay bf16/fp32" in note
+    assert f"note: {note}" in run.describe()
+    check(run)  # not refused
+    _, compiled = speed_notes(finetuning_type="full", torch_compile=True)
+    assert len(compiled) == 1 and "FP8's speed compiled is not measured" in compiled[0]
+    assert speed_notes(finetuning_type="lora")[1] == []  # frozen-base: faster, no such note
+    assert speed_notes(finetuning_type="full", fp8=False)[1] == []
+    # the tiny model: no projection converts (fp8_small_layers says the run computes in bf16)
+    assert [n for n in RunPlan.resolve(build_config({**base_cfg, "bf16": True, "fp8": True,
+            "finetuning_type": "full"}), ctx).notes if "of bf16's speed" in n] == []  # fmt: skip
+
+
 def test_lmstack_plan_cli_gpu_capability_searches_fp8(model_dir, tmp_path):
     from lmstack.cli.main import main
 
