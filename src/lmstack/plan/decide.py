@@ -394,6 +394,7 @@ from lmstack.plan.decide_kernels import (  # noqa: E402, F401 (re-exported: deci
     compile_plan,
     fp8,
     fp8_small_layers,
+    fp8_speed_note,
     lora_kernel,
     lora_kernel_blockers,
     loss_kernel,

@@ -164,6 +164,30 @@ def fp8_small_layers(cfg: Config) -> str | None:
     return small_layers_note(_config_json(cfg) or {})
 
 
+def fp8_speed_note(cfg: Config, fp8: Fp8Plan, compiled: CompilePlan) -> str | None:
+    """The run plan's note for fp8: true on a trained base (float8-training): measured slower than bf16 when
+    uncompiled, and no memory saved (plan/fp8_estimate.py FP8_FULL_*). It runs as asked: a note, not a
+    refusal. None for LoRA, and where no projection converts (fp8_small_layers says so)."""
+    if not (fp8.enabled and fp8.scope == "float8-training"):
+        return None
+    from lmstack.models.fp8 import paying_projections
+    from lmstack.plan.fp8_estimate import float8_training_measured
+
+    config = _config_json(cfg)
+    if config and not paying_projections(config)[0]:
+        return None
+    tail = (
+        "this run compiles each decoder layer (torch_compile: true), which torchao needs for speed; FP8's "
+        "speed compiled is not measured"
+        if compiled.enabled
+        else "fp8: false runs faster here (uncompiled, as this run is)"
+    )
+    return (
+        f"fp8 ({cfg.finetuning.finetuning_type} fine-tuning, torchao float8-training): expect it slower than "
+        f"bf16, not faster: {float8_training_measured()}; {tail}"
+    )
+
+
 @dataclass(frozen=True)
 class CompilePlan:
     """plan.compile: regional torch.compile (models/compile.py): each decoder layer on its own."""

@@ -15,6 +15,11 @@ applies it): which Linear layers convert, their weight bytes, the transient FP8 
   weight (for the input grad), dy twice (per row for the input grad, per column for the weight grad) and
   the input per column (weight grad), all alive at the weight-grad GEMM.
 
+Speed: frozen-base (its quantization compiled, models/fp8.py) runs the converted GEMMs faster than bf16;
+float8-training, uncompiled as lmstack runs it, was measured slower than bf16 (FP8_FULL_* below), and the
+planner ranks it so: it never offers FP8 full fine-tuning as a speed-up. The planner has no torch_compile
+input; it models the eager run (torch_compile: false, the default).
+
 Which layers convert is `models.fp8.exclusion` itself, asked per decoder projection with the shape the
 model config gives it (so the planner cannot drift from what `apply_fp8` converts). Linear groups the
 planner cannot place in the decoder layout (other architectures' names, a vision tower sharing a name)
@@ -50,6 +55,24 @@ FP8_QUANT_TIME = 0.18
 # 82.5% of kernel time, GPU busy 91% -> 0.75. The converted layers' part of it comes from the model's shapes.
 # Both constants are first figures: the lead refines them with the measured 7B FP8 speed rows.
 FP8_STEP_GEMM_SHARE = 0.75
+# float8-training (full fine-tuning, torchao's convert_to_float8_training, rowwise recipe) without
+# torch.compile: torchao's casts, amax and scales run as separate eager kernels (torchao's docs: float8
+# training needs torch.compile for speed; lmstack compiles nothing unless torch_compile: true). Measured:
+# `bench/fp8_parity.py --set small --only 1.5b_full`, H200, 2026-12-01, torch 2.11, torchao 0.17,
+# transformers 5.17; Qwen2.5-1.5B shape, full SFT, packed 8 x 2048, Liger, 200 steps, adamw_torch_fused;
+# FP8 on gate_proj/up_proj (56 Linear layers, the rest too small): bf16 47,826 tok/s (peak 54.51 GiB
+# allocated), fp8 26,798 tok/s (0.56x, peak 55.40 GiB); final loss within 1e-5.
+FP8_FULL_BF16_TOKENS_PER_S = 47_826
+FP8_FULL_FP8_TOKENS_PER_S = 26_798
+FP8_FULL_SPEED = FP8_FULL_FP8_TOKENS_PER_S / FP8_FULL_BF16_TOKENS_PER_S  # 0.56
+# That run's converted share of the GEMM work (as scope_time_factor counts it): gate/up 770,703,360 of
+# 1,543,569,408 params (decoder Linear layers + the tied head's GEMM).
+FP8_FULL_MEASURED_SHARE = 770_703_360 / 1_543_569_408
+# A converted layer's GEMM time under eager float8-training relative to bf16, fitted so that the measured
+# model's step takes 1 / FP8_FULL_SPEED of bf16's (1.78x): 1 + 0.78 / (0.75 x 0.50) = 3.1. One
+# measurement on one shape: other models' factors follow from their converted share, a rough figure.
+_FULL_SLOWDOWN = 1.0 / FP8_FULL_SPEED - 1.0  # 0.78 of bf16's step added
+FP8_FULL_EAGER_GEMM_TIME = 1.0 + _FULL_SLOWDOWN / (FP8_STEP_GEMM_SHARE * FP8_FULL_MEASURED_SHARE)
 
 
 @dataclass(frozen=True)
@@ -150,15 +173,27 @@ def transient_terms(spec: ModelSpec, s: Setup, tokens: int) -> tuple[tuple[str, 
 
 def time_factor(spec: ModelSpec, s: Setup) -> float:
     """The step's time with FP8 over bf16 (1.0 where the setup's scope does not apply)."""
-    return scope_time_factor(spec) if applies(s) else 1.0
+    return scope_time_factor(spec, s.fp8) if applies(s) else 1.0
 
 
-def scope_time_factor(spec: ModelSpec) -> float:
-    """The converted layers' share of the GEMM work (the head's GEMM in the whole) runs at FP8_GEMM_TIME +
-    FP8_QUANT_TIME of its bf16 time; FP8_STEP_GEMM_SHARE of the step is GEMM work."""
+def scope_time_factor(spec: ModelSpec, scope: str) -> float:
+    """The converted layers' share of the GEMM work (the head's GEMM in the whole) runs at its scope's time
+    relative to bf16: FP8_GEMM_TIME + FP8_QUANT_TIME (frozen-base, faster), FP8_FULL_EAGER_GEMM_TIME
+    (float8-training uncompiled, slower); FP8_STEP_GEMM_SHARE of the step is GEMM work."""
     gemm_params = spec.linear_params + spec.vocab_size * spec.hidden_size
     share = fp8_layers(spec).params / max(gemm_params, 1)
-    return 1.0 - FP8_STEP_GEMM_SHARE * share * (1.0 - FP8_GEMM_TIME - FP8_QUANT_TIME)
+    per_gemm = FP8_GEMM_TIME + FP8_QUANT_TIME if scope == "frozen-base" else FP8_FULL_EAGER_GEMM_TIME
+    return 1.0 - FP8_STEP_GEMM_SHARE * share * (1.0 - per_gemm)
+
+
+def float8_training_measured() -> str:
+    """The FP8 full fine-tuning measurement (FP8_FULL_*), in plain words."""
+    return (
+        f"torchao's float8 training ran at {FP8_FULL_SPEED:.2f}x of bf16's speed on the H200 (Qwen2.5-1.5B "
+        f"shape, full fine-tuning, 8 x 2048: {FP8_FULL_FP8_TOKENS_PER_S:,} vs {FP8_FULL_BF16_TOKENS_PER_S:,} "
+        "tok/s) without torch.compile, its casts and scales running as separate kernels; it saves no memory "
+        "either (weights, gradients and optimizer states stay bf16/fp32, the FP8 copies add a transient)"
+    )
 
 
 def note(spec: ModelSpec, scope: str) -> str:
@@ -176,12 +211,12 @@ def note(spec: ModelSpec, scope: str) -> str:
             f"{names} in FP8: {layers.weight_bytes / mem.GIB:.2f} GiB (1 B/param + an fp32 scale per output "
             f"row) instead of {mem.BF16_BYTES * layers.params / mem.GIB:.2f} GiB bf16"
         )
+        speed = f"step time x{scope_time_factor(spec, scope):.2f} (rough)"
     else:
         what = f"{names}: GEMMs in FP8 (torchao), weights stay bf16"
-    factor = scope_time_factor(spec)
-    return f"fp8 ({scope}): {what}; step time x{factor:.2f} (rough)" + (
-        f"; kept bf16 ({kept})" if kept else ""
-    )
+        factor = scope_time_factor(spec, scope)
+        speed = f"step time x{factor:.2f} of bf16's, slower (rough, uncompiled): {float8_training_measured()}"
+    return f"fp8 ({scope}): {what}; {speed}" + (f"; kept bf16 ({kept})" if kept else "")
 
 
 def unsearched(req: PlanRequest) -> str:

@@ -309,6 +309,8 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     if fp8.enabled and (small := decide.fp8_small_layers(cfg)):
         notes.append(small)
     compiled = decide.compile_plan(cfg, packed, use_liger, attn)
+    if speed := decide.fp8_speed_note(cfg, fp8, compiled):
+        notes.append(speed)
     reasons["fp8"], reasons["compile"] = fp8.reason, compiled.reason
     micro = t.per_device_train_batch_size
     capacity = decide.row_capacity(cfg, micro) if packed else None
