@@ -48,6 +48,9 @@ class Setup:
     attention: str = "sdpa"
     fused_ce: bool = False
     optimizer: str = "adamw"  # OPTIMIZERS
+    # torch's multi-tensor AdamW (optim: adamw_torch): its step holds sqrt(exp_avg_sq) for every parameter at
+    # once (memory.FOREACH_ADAM_TEMP_BYTES); the fused kernel (adamw_torch_fused) and DeepSpeed's hold none
+    adam_foreach: bool = False
     optimizer_rank: int = 16  # galore_rank / apollo_rank
     liger: bool | None = None  # Liger's kernel set (RMSNorm/SwiGLU/RoPE); None = same as fused_ce
     # classic AMP: fp32 weights in the model (master_weights: model); else bf16 compute weights with
@@ -340,16 +343,20 @@ def activations(spec: ModelSpec, s: Setup) -> float:
 
 
 def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
-    """Optimizer-held fp32 masters (train/master_weights.py) convert the bf16 grads to fp32 at the
-    step, after the activations are freed: it raises the peak only where it exceeds them."""
-    masters = (
-        s.finetuning_type != "lora" and not s.fp32_model_weights and not s.pure_bf16
-        and s.deepspeed_stage in (None, 0) and s.fsdp is None and s.optimizer == "adamw"
-    )  # fmt: skip
-    if not masters:
+    """What the optimizer step allocates after the activations are freed; it raises the peak only where it
+    exceeds them. Optimizer-held fp32 masters (train/master_weights.py) convert the bf16 grads to fp32;
+    torch's multi-tensor AdamW then holds sqrt(exp_avg_sq) of every parameter it steps."""
+    single_optimizer = s.deepspeed_stage in (None, 0) and s.fsdp is None and s.optimizer == "adamw"
+    if not single_optimizer:
         return 0.0
     trainable, _, _ = _trainable_frozen(spec, s)
-    return max(0.0, mem.FP32_BYTES * trainable - freed)
+    if s.finetuning_type == "lora":
+        trainable = 0  # adapters: model_states counts their own states (a few MiB: no step term)
+    masters = s.finetuning_type != "lora" and not s.fp32_model_weights and not s.pure_bf16
+    step = (mem.FP32_BYTES * trainable if masters else 0.0) + (
+        mem.FOREACH_ADAM_TEMP_BYTES * trainable if s.adam_foreach else 0.0
+    )
+    return max(0.0, step - freed)
 
 
 # The loss heads whose transient peaks in the backward's first op, before any parameter gradient exists:

@@ -213,6 +213,7 @@ def request_from_plan(
         pure_bf16=ft.pure_bf16,
         freeze_trainable_layers=ft.freeze_trainable_layers,
         optimizer=_optimizer(cfg),
+        adam_foreach=t.optim == "adamw_torch",
         optimizer_rank=ft.apollo_rank if ft.use_apollo else ft.galore_rank,
         deepspeed_stage="auto" if t.deepspeed == "auto" else (ds.zero_stage if ds else None),
         offload_optimizer=bool(ds and ds.offload_optimizer),

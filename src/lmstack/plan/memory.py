@@ -119,6 +119,14 @@ VALUE_HEAD_MARGIN_BYTES = 4.6
 # measured on the H200, simpo_0.5b_lora_mb4 peaked 2.3 GiB (= 2 B x tokens x V) under orpo_0.5b_lora_mb4.
 PREF_NLL_BYTES_PER_CHOSEN = FP32_BYTES
 
+# torch.optim.AdamW's multi-tensor step (foreach, its default on a GPU; transformers' optim: adamw_torch):
+# _foreach_sqrt(exp_avg_sqs) allocates one fp32 tensor per parameter, all at once, before the update. The
+# H200 memory trace of 0.5b_full_mb4_s2048_ckpt (plan_accuracy.json snap run) shows it at the peak
+# (torch/optim/adam.py _multi_tensor_adam, 1.84 GiB = 4 B x 494M params) next to the fp32 master grads;
+# r5_sft_1.5b_full_mb4_ckpt peaked at 34.57 GiB where weights + masters + moments + bf16 and fp32 grads
+# + this temporary are 34.5 (predicted 28.75 without it).
+FOREACH_ADAM_TEMP_BYTES = FP32_BYTES
+
 # --- overhead (REFERENCE 7.4): margins for what the planner does not model term by term ------
 CUDA_CONTEXT_GIB = 1.0  # CUDA context + cuBLAS/NCCL workspaces: 0.5-1.5 GB measured range
 # caching-allocator reserved vs allocated (web calculators: 5-25%). The H200 runs reserved 1.02-1.04x

@@ -72,6 +72,7 @@ class PlanRequest:
     seq_len: int = 2048
     micro_batch: int | None = None
     gradient_accumulation_steps: int = 1
+    adam_foreach: bool = False  # optim: adamw_torch (torch's AdamW, multi-tensor on a GPU), not the fused one
     gradient_checkpointing: bool | None = None
     checkpoint_offload: bool = False  # use_unsloth_gc (the recommendation's search opens it)
     # a resolved run plan's partial checkpointing (plan.checkpoint_layers): k of the layers recompute
@@ -181,7 +182,7 @@ def _base_setup(req: PlanRequest) -> Setup:
         seq_len=req.seq_len, gradient_checkpointing=bool(req.gradient_checkpointing or req.checkpoint_offload),
         checkpoint_offload=req.checkpoint_offload,
         checkpoint_layers=req.checkpoint_layers if (req.gradient_checkpointing or req.checkpoint_offload) else None,
-        attention=req.attention, fused_ce=bool(req.fused_ce), optimizer=req.optimizer,
+        attention=req.attention, fused_ce=bool(req.fused_ce), optimizer=req.optimizer, adam_foreach=req.adam_foreach,
         optimizer_rank=req.optimizer_rank, liger=req.liger, fp32_model_weights=req.fp32_model_weights,
         fp32_adapters=req.fp32_adapters, stage=req.stage, rows_per_example=req.rows_per_example,
         loss_path=req.loss_path, reference=req.reference, kl_batch=req.kl_batch,
