@@ -337,8 +337,10 @@ def activations(spec: ModelSpec, s: Setup) -> float:
             tokens, _activation_layers(spec, s), per_layer, spec.hidden_size, False, factor
         )
     kept, recomputed = kept_recomputed(spec, s)
+    stock = mem.stock_backward_start_bytes_per_token(spec.hidden_size, spec.intermediate_size)
+    start = 0 if _liger(s) else stock  # Liger's norm/SwiGLU backward allocate none of it
     return mem.partial_checkpoint_bytes(
-        tokens, kept, recomputed, per_layer, spec.hidden_size, factor, s.checkpoint_offload
+        tokens, kept, recomputed, per_layer, spec.hidden_size, factor, s.checkpoint_offload, start
     )
 
 

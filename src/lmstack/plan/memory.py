@@ -314,6 +314,34 @@ def offload_pending_bytes(tokens: int, offloaded_layers: int, kept_layers: int, 
     return share * tokens * offloaded_layers * checkpointed_bytes_per_token_layer(hidden)
 
 
+# Partial checkpointing's peak is the start of the backward, where every kept layer's activations are still
+# live and the first backward kernels allocate on top of them. With transformers' own blocks (no Liger) two
+# places allocate most, whichever is larger is the peak (traced on CPU, tests/unit/plan/
+# test_partial_backward_peak.py; at the GPU run's widths below 21,768 B/token traced, 24h = 21,504; autograd's
+# formulas are the same on the GPU):
+# - the final RMSNorm (fp32 math: x.float(), pow, mean, rsqrt, mul): its saved fp32 input (4h, in no layer's
+#   term) and, in its backward, five fp32 [tokens, h] temporaries live at once (traced: the two mul grads,
+#   the mean's grad / h, pow's x^1 and its 2x) -> 6 x 4h = 24h B per token;
+# - the top layer's SwiGLU backward: the down projection's input grad and the two mul grads (3 x 2i) and the
+#   residual grad (2h), less the product that down_proj saved, freed with its node (2i) -> 4i + 2h.
+# Liger's RMSNorm/SwiGLU kernels write their grads into existing buffers (dY; the saved gate and up): not
+# added (its 7B LoRA partial runs, plan_accuracy.json partial_offload_checks, were +2.3% and +0.8% without it).
+# Measured on the H200 (tests/gpu/test_partial_ckpt_gpu.py: 12 layers of Qwen2.5-0.5B's widths, vocab 1024,
+# LoRA, no Liger, 8 x 2048, 6 of 12 layers recomputed): 6.13 GiB allocated, 5.77 predicted without this term
+# (-5.9%); with it 24h x 16,384 tokens = +0.33 GiB: 6.10 (-0.5%). Offloaded (use_unsloth_gc): 6.00 measured,
+# 5.66 -> 5.99. With every layer recomputed the peak is a recompute, after this (activation_bytes).
+STOCK_NORM_BACKWARD_FP32_COPIES = 6  # the saved fp32 input + five fp32 temporaries of the backward
+STOCK_SWIGLU_BACKWARD_INTERMEDIATE_COPIES = 2  # (3 grads - the freed saved product) x 2i bf16 = 4i
+
+
+def stock_backward_start_bytes_per_token(hidden: int, intermediate: int) -> int:
+    """Bytes per token that the start of the backward adds to the kept activations with transformers' own
+    RMSNorm and SwiGLU (no Liger): max(final norm 24h, top layer's SwiGLU 4i + 2h) (derivation above)."""
+    norm = STOCK_NORM_BACKWARD_FP32_COPIES * FP32_BYTES * hidden
+    swiglu = BF16_BYTES * (STOCK_SWIGLU_BACKWARD_INTERMEDIATE_COPIES * intermediate + hidden)
+    return max(norm, swiglu)
+
+
 def partial_checkpoint_bytes(
     tokens: int,
     kept: int,
@@ -322,12 +350,15 @@ def partial_checkpoint_bytes(
     hidden: int,
     factor: float = 1.0,
     offload: bool = False,
+    backward_start_per_token: float = 0.0,
 ) -> float:
     """GPU activation bytes with only ``recomputed`` of the layers checkpointed (the first ones) and ``kept``
-    layers (the last ones) keeping their activations: the peak is the end of the forward, kept x full +
+    layers (the last ones) keeping their activations: the peak is the start of the backward, kept x full +
     the recomputed layers' inputs (offloaded: in CPU RAM; the GPU holds the input in flight and the
-    prefetched one). In the backward the kept layers are freed before the first recompute, so the
-    recomputed layer never adds to them. ``kept`` = 0 is full checkpointing (activation_bytes)."""
+    prefetched one) + what the first backward kernels allocate on top (``backward_start_per_token``:
+    stock_backward_start_bytes_per_token without Liger, 0 with it). Later in the backward the kept layers
+    are freed before the first recompute, so the recomputed layer never adds to them. ``kept`` = 0 is full
+    checkpointing (activation_bytes: its peak is a recompute)."""
     inputs = checkpointed_bytes_per_token_layer(hidden)
     if kept == 0 and offload:
         gpu, _ = offloaded_checkpoint_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, factor)
@@ -335,7 +366,8 @@ def partial_checkpoint_bytes(
     if kept == 0:
         return activation_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, True, factor)
     held = (1 + OFFLOAD_PREFETCH_LAYERS) if offload else recomputed
-    return tokens * (kept * full_layer_bytes_per_token * factor + min(held, recomputed) * inputs)
+    per_token = kept * full_layer_bytes_per_token * factor + min(held, recomputed) * inputs
+    return tokens * (per_token + backward_start_per_token)
 
 
 def logits_bytes(

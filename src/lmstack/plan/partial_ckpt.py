@@ -4,6 +4,8 @@ layers recompute in the backward; the last N - k keep their activations.
 Why the first k and not the last: the backward runs from the last layer down, so the kept layers'
 activations are used and freed first, and by the time the first recomputed layer runs its forward
 again none of them is live -- the one-layer recompute never adds to them (memory.partial_checkpoint_bytes).
+The peak is the start of the backward instead: every kept activation plus what the first backward kernels
+allocate (without Liger: the final RMSNorm's fp32 backward or the top SwiGLU's, issue 20).
 Checkpointing the last layers instead would hold every kept layer's activations during that recompute.
 
 Memory falls and the recompute cost rises with k, so the best partial setup of one (strategy, micro-batch,
