@@ -10,6 +10,7 @@ import pytest
 from lmstack.config.load import build_config
 from lmstack.plan import memory as mem
 from lmstack.plan import plan
+from lmstack.plan.estimate import Setup, estimate
 from lmstack.plan.whatif import request_from_config
 
 
@@ -111,3 +112,22 @@ def test_ppo_holds_reward_model_reference_and_rollout(qwen):
     terms = dict(gpu.terms)
     assert terms["reward model weights"] == pytest.approx(2 * 494_032_768 / mem.GIB, rel=1e-3)
     assert terms["rollout buffer"] > 0 and req.loss_path == "full_logits"
+
+
+def test_a_full_fine_tune_whose_loss_head_peaks_at_the_backward_start_does_not_add_its_gradients(specs):
+    """TRL's full-logits head (ORPO) and the value head on a full fine-tune, one GPU, no accumulation: the
+    peak is the larger of the backward's start (activations + head + the head's gradient) and its end
+    (every gradient). Traced on the H200: snap_r4_orpo_0.5b_full_mb2, snap_r4_rm_0.5b_full_mb4."""
+    s = specs["qwen2.5-0.5b"]
+    orpo = dict(finetuning_type="full", stage="dpo", rows_per_example=2, micro_batch=2, seq_len=1024,
+                loss_path="full_logits", fp32_model_weights=True, packed=False)  # fmt: skip
+    g = estimate(s, Setup(**orpo)).gpu
+    assert g.gradients * mem.GIB == pytest.approx(4 * s.vocab_size * s.hidden_size)  # the tied head's, fp32
+    summed = estimate(s, Setup(optimizer_batch=4, **orpo)).gpu  # accumulation: the gradients stay alive
+    assert summed.gradients * mem.GIB == pytest.approx(4 * s.num_params)
+    ddp = estimate(s, Setup(num_gpus=2, **orpo)).gpu  # DDP's buckets keep gradient storage
+    assert ddp.gradients == estimate(s, Setup(num_gpus=2, optimizer_batch=4, **orpo)).gpu.gradients
+    sft = estimate(s, Setup(**{**orpo, "loss_path": "lm", "stage": "sft", "rows_per_example": 1})).gpu
+    assert sft.gradients * mem.GIB == pytest.approx(4 * s.num_params)  # the summed model elsewhere
+    tiny = estimate(s, Setup(**{**orpo, "micro_batch": 1, "seq_len": 8})).gpu  # the end of the backward
+    assert (tiny.gradients + tiny.activations + tiny.logits) * mem.GIB == pytest.approx(4 * s.num_params)
