@@ -9,12 +9,11 @@
 #   peers24   the 24 GiB row again with LF and Unsloth, plus the planner's own choice on an emulated 24 GiB GPU
 #   compile05 regional torch.compile on/off on the 0.5B rows, with LF (bench/lmstack_bench.py --set compile05)
 #   snap      issue 20's largest errors again with a memory trace: who holds the peak (plan_accuracy.py --set snap)
-# Next session (the first call ran gputests + parity15's LoRA; the GPU tests it failed are fixed since):
-#   PHASES="gputests snap parity15" bash bench/call_s4.sh 580            (carry .whl/lm .whl/bnb .whl/ao)
-#   PLAN_SET=r5 PHASES="plan parity7" bash bench/call_s4.sh 580          (after the planner fix snap points to)
-#   PHASES="compile05" bash bench/call_s4.sh 560                         (+ .whl/lf .whl/liger)
-# carry: .whl/lm .whl/bnb .whl/ao (+ .whl/lf .whl/liger .whl/uns for peers24 / compile05). Results under $OUT.
-#   PHASES="gputests parity15 plan" bash bench/call_s4.sh 585
+#   (GPU_TESTS="file ..." narrows gputests; PLAN_SET picks plan's round: r4 | r5 | r6)
+# Next session (the fifth ran gputests, snap, parity15, compile05, parity7 and round 5; what is left):
+#   GPU_TESTS=tests/gpu/test_partial_ckpt_gpu.py PLAN_SET=r6 PHASES="gputests plan" bash bench/call_s4.sh 580
+#       (carry .whl/lm .whl/bnb .whl/ao): the partial-checkpointing test fixed on the CPU, then round 6
+#   PLAN_SET=r6 PHASES="plan" bash bench/call_s4.sh 560  -- what round 6's budget left (the 7B runs, GRPO)
 TOTAL=${1:-570}
 PHASES=${PHASES:-gputests parity15 plan}
 source "$(dirname "$0")/call_common.sh"  # T0, left, the environment, $O, has, pip_t
@@ -37,8 +36,8 @@ for ph in $PHASES; do
   gputests)
     [ -f /tmp/gputests.done ] && continue
     env PYTHONPATH=/tmp/site_lm:$PWD/src timeout $(( $(left) - 30 )) python3 -m pytest -q -s -p no:cacheprovider -m gpu \
-      tests/gpu/test_partial_ckpt_gpu.py tests/gpu/test_allocator_gpu.py tests/gpu/test_fused_lora_gpu.py \
-      tests/gpu/test_fp8_gpu.py tests/unit/infer/test_batching_handoff.py 2>&1 | grep -v "^\[" >"$O/gpu_tests.txt"
+      ${GPU_TESTS:-tests/gpu/test_partial_ckpt_gpu.py tests/gpu/test_allocator_gpu.py tests/gpu/test_fused_lora_gpu.py \
+      tests/gpu/test_fp8_gpu.py tests/unit/infer/test_batching_handoff.py} 2>&1 | grep -v "^\[" >"$O/gpu_tests.txt"
     tail -25 "$O/gpu_tests.txt"; touch /tmp/gputests.done ;;
   parity15)
     for w in 1.5b_lora 1.5b_full; do  # a workload already in the committed results is not run again

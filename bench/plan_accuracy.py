@@ -332,7 +332,7 @@ STAGES_R4 = [
 ]  # fmt: skip
 # Round 5 (next): runs new to the planner, weighted to round 4's weak spot -- full fine-tunes with an unfused
 # loss head (round 4's worst, ORPO on a full 0.5B, +12.3%) -- run after `--set snap` has shown where their
-# peak is and the planner is fixed for it; one epoch each, as round 4
+# peak is and the planner is fixed for it; one epoch each, as round 4 (the 7B runs its budget left moved to round 6)
 STAGES_R5 = [
     ("r5_orpo_1.5b_full_mb2", S15, dict(stage="dpo", pref_loss="orpo", finetuning_type="full", **PAIR,
                                          per_device_train_batch_size=2, learning_rate=1e-6, **EPOCH), True),
@@ -348,13 +348,33 @@ STAGES_R5 = [
                                              gradient_checkpointing=True), True),
     ("r5_simpo_1.5b_lora_mb4", S15, dict(stage="dpo", pref_loss="simpo", **LORA, **PAIR, per_device_train_batch_size=4,
                                           **EPOCH), True),
-    ("r5_grpo_1.5b_lora_mb8", S15, dict(**GRPO, **LORA, per_device_train_batch_size=8, **EPOCH), True),
-    ("r5_kto_7b_lora_mb4", S7, dict(stage="kto", dataset="synth_kto", **LORA, packing=False, cutoff_len=1024,
+]  # fmt: skip
+# Round 6 (next): runs new to the planner after round 5's fixes (estimate.gradients_at_peak, the foreach AdamW
+# step, the partial-checkpointing backward start) at their edges -- the fused AdamW next to the foreach one,
+# gradient accumulation (gradients alive through the next forward), SimPO and rm full fine-tunes -- and round
+# 5's runs its budget left (the 7B ones; the GRPO 1.5B with fewer tokens, it timed out at 19.6 s a step)
+STAGES_R6 = [
+    ("r6_sft_1.5b_full_mb4_ckpt_fused", S15, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=4,
+                                                   gradient_checkpointing=True, optim="adamw_torch_fused"), True),
+    ("r6_orpo_0.5b_full_mb2_ga2", S05, dict(stage="dpo", pref_loss="orpo", finetuning_type="full", **PAIR,
+                                             per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                                             learning_rate=1e-6, **EPOCH), True),
+    ("r6_simpo_1.5b_full_mb2", S15, dict(stage="dpo", pref_loss="simpo", finetuning_type="full", **PAIR,
+                                          per_device_train_batch_size=2, learning_rate=1e-6, **EPOCH), True),
+    ("r6_rm_0.5b_full_mb8", S05, dict(stage="rm", finetuning_type="full", **PAIR, per_device_train_batch_size=8,
+                                       learning_rate=1e-6, **EPOCH), True),
+    ("r6_sft_0.5b_full_mb4_ga4", S05, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=4,
+                                            gradient_accumulation_steps=4), True),
+    ("r6_sft_1.5b_full_mb8_ckpt", S15, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=8,
+                                             gradient_checkpointing=True), True),
+    ("r6_kto_7b_lora_mb4", S7, dict(stage="kto", dataset="synth_kto", **LORA, packing=False, cutoff_len=1024,
                                      per_device_train_batch_size=4, **EPOCH), True),
-    ("r5_orpo_7b_lora_mb2", S7, dict(stage="dpo", pref_loss="orpo", **LORA, **PAIR, per_device_train_batch_size=2,
+    ("r6_orpo_7b_lora_mb2", S7, dict(stage="dpo", pref_loss="orpo", **LORA, **PAIR, per_device_train_batch_size=2,
                                       **EPOCH), True),
-    ("r5_sft_unpacked_7b_lora_mb8_ckpt", S7, dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=8,
+    ("r6_sft_unpacked_7b_lora_mb8_ckpt", S7, dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=8,
                                                    gradient_checkpointing=True, **EPOCH), True),
+    ("r6_grpo_1.5b_lora_mb8", S15, dict(**{**GRPO, "max_new_tokens": 128}, **LORA, per_device_train_batch_size=8,
+                                         _steps=3, **EPOCH), True),
 ]  # fmt: skip
 # Diagnostics (not predictions): the planner's largest errors run again with a memory trace, so the peak's
 # live blocks can be named by the code that allocated them (`peak_breakdown` in the row, basis "diagnostic")
@@ -698,6 +718,7 @@ def main_stages(args) -> None:
         "stages": STAGES,
         "r4": STAGES_R4,
         "r5": STAGES_R5,
+        "r6": STAGES_R6,
         "all": STAGES + STAGES_R4,
         "snap": STAGES_SNAP,
     }
@@ -752,7 +773,7 @@ def summarize(results: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("assets", nargs="?", default=None)
-    ap.add_argument("--set", default="stages", choices=["stages", "r4", "r5", "all", "snap"])
+    ap.add_argument("--set", default="stages", choices=["stages", "r4", "r5", "r6", "all", "snap"])
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=str(Path(REPO) / "bench" / "results" / "plan_accuracy.json"))
     ap.add_argument("--work", default="/tmp/plan_acc")
