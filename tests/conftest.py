@@ -69,3 +69,48 @@ def base_cfg(tiny_model, tmp_path) -> dict:
         "disable_tqdm": True,
         "seed": 0,
     }
+
+
+class LiveBytes:
+    """Peak bytes of the tensors the ops inside `with tracker.mode:` allocate (a TorchDispatchMode that sees
+    every op's outputs, a weakref finaliser each storage's release): an allocation-level view that holds on
+    any device, since it counts what the ops allocate, not what an allocator caches. `model`: its parameters
+    and buffers are not counted."""
+
+    def __init__(self, model=None):
+        import weakref
+
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        tracker, self.live, self.peak = self, 0, 0
+        self.owners: dict[int, int] = {}
+        held = [*model.parameters(), *model.buffers()] if model is not None else []
+        self.skip = {t.untyped_storage().data_ptr() for t in held}
+
+        def free(ptr: int) -> None:
+            tracker.live -= tracker.owners.pop(ptr, 0)
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                import torch
+
+                out = func(*args, **(kwargs or {}))
+                for t in out if isinstance(out, tuple | list) else [out]:
+                    if not isinstance(t, torch.Tensor):
+                        continue
+                    storage = t.untyped_storage()
+                    ptr, size = storage.data_ptr(), storage.nbytes()
+                    if size and ptr not in tracker.owners and ptr not in tracker.skip:
+                        tracker.owners[ptr] = size
+                        tracker.live += size
+                        tracker.peak = max(tracker.peak, tracker.live)
+                        weakref.finalize(storage, free, ptr)
+                return out
+
+        self.mode = Mode()
+
+
+@pytest.fixture
+def live_bytes() -> type[LiveBytes]:
+    """The allocation tracker class: `tracker = live_bytes(model)`, `with tracker.mode: ...`, `tracker.peak`."""
+    return LiveBytes

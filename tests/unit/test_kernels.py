@@ -113,43 +113,8 @@ def test_chunked_ce_on_cuda_bf16_matches_reference():
     torch.testing.assert_close(w.grad, w_ref.grad.float(), atol=1e-4, rtol=2e-2)
 
 
-class _LiveBytes:
-    """Peak bytes of the tensors created inside a block (a TorchDispatchMode that sees every op's
-    outputs and a weakref finaliser that sees each storage freed): an allocation-level view that
-    holds for any device, since it counts what the ops allocate, not what an allocator caches."""
-
-    def __init__(self):
-        import weakref
-
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        tracker = self
-        self.live = self.peak = 0
-        self.owners: dict[int, int] = {}
-
-        def free(ptr: int) -> None:
-            tracker.live -= tracker.owners.pop(ptr, 0)
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                import torch
-
-                out = func(*args, **(kwargs or {}))
-                for t in out if isinstance(out, tuple | list) else [out]:
-                    if isinstance(t, torch.Tensor):
-                        ptr, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
-                        if ptr not in tracker.owners and size:
-                            tracker.owners[ptr] = size
-                            tracker.live += size
-                            tracker.peak = max(tracker.peak, tracker.live)
-                            weakref.finalize(t, free, ptr)
-                return out
-
-        self.mode = Mode()
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_chunked_ce_keeps_one_chunk_of_logits_alive(dtype):
+def test_chunked_ce_keeps_one_chunk_of_logits_alive(dtype, live_bytes):
     """Peak ~6 B x chunk x V of the code's own tensors, however many chunks (the planner's
     LMSTACK_CE_BYTES is the 9 B measured on the H200, which also sees cuBLAS/allocator effects)."""
     import torch
@@ -161,7 +126,7 @@ def test_chunked_ce_keeps_one_chunk_of_logits_alive(dtype):
     h = torch.randn(tokens, hidden, dtype=getattr(torch, dtype), requires_grad=True)
     w = torch.randn(vocab, hidden, dtype=getattr(torch, dtype), requires_grad=True)
     labels = torch.randint(0, vocab, (tokens,))
-    tracker = _LiveBytes()
+    tracker = live_bytes()
     with tracker.mode:  # bf16: the product is bf16, softmax in fp32, the gradient chunk back in bf16
         loss = linear_cross_entropy(h, w, labels, chunk_size=chunk)
     one_chunk = chunk * vocab

@@ -8,7 +8,6 @@ tracker, and pinned against the H200 measurement of tests/gpu/test_partial_ckpt_
 from __future__ import annotations
 
 import json
-import weakref
 from dataclasses import replace
 
 import pytest
@@ -28,39 +27,6 @@ YAML = dict(
 )
 
 
-class _Live:
-    """Bytes of the storages the ops inside the block allocate (TorchDispatchMode sees every op's outputs,
-    a weakref finaliser each storage's release); the model's parameters and buffers are not counted."""
-
-    def __init__(self, model: torch.nn.Module):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        tracker, self.live, self.peak = self, 0, 0
-        self.owners: dict[int, int] = {}
-        params = [*model.parameters(), *model.buffers()]
-        self.skip = {t.untyped_storage().data_ptr() for t in params}
-
-        def free(ptr: int) -> None:
-            tracker.live -= tracker.owners.pop(ptr, 0)
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
-                for t in out if isinstance(out, tuple | list) else [out]:
-                    if not isinstance(t, torch.Tensor):
-                        continue
-                    storage = t.untyped_storage()
-                    ptr, size = storage.data_ptr(), storage.nbytes()
-                    if size and ptr not in tracker.owners and ptr not in tracker.skip:
-                        tracker.owners[ptr] = size
-                        tracker.live += size
-                        tracker.peak = max(tracker.peak, tracker.live)
-                        weakref.finalize(storage, free, ptr)
-                return out
-
-        self.mode = Mode()
-
-
 def _model(tmp_path, hidden: int, intermediate: int):
     from lmstack.tiny import build_tiny_model
 
@@ -68,7 +34,7 @@ def _model(tmp_path, hidden: int, intermediate: int):
                             intermediate_size=intermediate, num_hidden_layers=LAYERS)  # fmt: skip
 
 
-def _partial_step(path) -> tuple[int, int, int]:
+def _partial_step(path, live_bytes) -> tuple[int, int, int]:
     """(the decoder layers' bytes kept for the backward, live bytes at the end of the forward, the step's
     peak) of one LoRA step
     with the first RECOMPUTED layers checkpointed, set up in train/sft.py's order with the GPU run's kernels
@@ -87,7 +53,7 @@ def _partial_step(path) -> tuple[int, int, int]:
     enable_gradient_checkpointing(p, model)
     model = setup_finetuning(p.cfg, model, lora_kernel="fused")
     model.train()
-    tracker = _Live(model)
+    tracker = live_bytes(model)
     kept = []  # what the decoder layers leave for the backward: live bytes when the final norm starts, less
     # its input (the top layer's output, which only the norm reads: no layer's saved activations)
     model.get_decoder().norm.register_forward_pre_hook(
@@ -107,8 +73,10 @@ def _partial_step(path) -> tuple[int, int, int]:
     [(256, 512), (128, 1536)],
     ids=["final-norm-bound (24h > 4i+2h)", "swiglu-bound (4i+2h > 24h)"],
 )
-def test_the_start_of_the_backward_adds_the_stock_norm_or_swiglu_transient(tmp_path, hidden, intermediate):
-    kept, end_of_forward, peak = _partial_step(_model(tmp_path, hidden, intermediate))
+def test_the_start_of_the_backward_adds_the_stock_norm_or_swiglu_transient(
+    tmp_path, hidden, intermediate, live_bytes
+):
+    kept, end_of_forward, peak = _partial_step(_model(tmp_path, hidden, intermediate), live_bytes)
     tokens = ROWS * SEQ
     assert peak > end_of_forward  # the peak is in the backward, not at the end of the forward
     # the step's peak is what the layers kept (kept layers' activations, checkpointed inputs) plus the
