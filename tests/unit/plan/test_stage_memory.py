@@ -149,3 +149,17 @@ def test_an_auto_micro_batch_with_accumulation_keeps_every_gradient_in_the_peak(
         summed = model_states(req.spec, c.setup).grads / mem.GIB
         assert c.estimate.gpu.gradients == pytest.approx(summed), c.setup.micro_batch
 
+
+def test_the_backward_start_rule_keeps_the_stage_weights_at_the_end_of_the_backward(specs):
+    """PPO on a full fine-tune (full-logits head): the reference copy, the reward model and the rollout
+    buffer stay alive through the backward's end, where every gradient exists; only the activations and
+    the loss head are freed by then."""
+    s = specs["qwen2.5-0.5b"]
+    ppo = Setup(finetuning_type="full", stage="ppo", loss_path="full_logits", reference="copy", micro_batch=1,
+                seq_len=64, prompt_len=32, generated_rows=1, reward_model_params=s.num_params, packed=False)  # fmt: skip
+    g = estimate(s, ppo).gpu
+    persistent = sum(v for name, v in g.terms if name in ("reference model weights (frozen copy)",
+                                                          "reward model weights", "rollout buffer"))  # fmt: skip
+    grads = 2 * s.num_params / mem.GIB  # bf16 grads (optimizer-held masters)
+    assert g.activations + g.logits < grads  # the end of the backward is the peak here
+    assert g.allocated >= g.weights + grads + g.optimizer + persistent - 1e-6
