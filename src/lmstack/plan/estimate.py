@@ -355,9 +355,9 @@ def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
     if s.finetuning_type == "lora":
         trainable = 0  # adapters: model_states counts their own states (a few MiB: no step term)
     masters = s.finetuning_type != "lora" and not s.fp32_model_weights and not s.pure_bf16
-    step = (mem.FP32_BYTES * trainable if masters else 0.0) + (
-        mem.FOREACH_ADAM_TEMP_BYTES * trainable if s.adam_foreach else 0.0
-    )
+    # the sqrt is in the moments' dtype: bf16 under pure_bf16 (no masters), fp32 otherwise
+    sqrt = mem.BF16_BYTES if s.pure_bf16 else mem.FOREACH_ADAM_TEMP_BYTES
+    step = (mem.FP32_BYTES * trainable if masters else 0.0) + (sqrt * trainable if s.adam_foreach else 0.0)
     return max(0.0, step - freed)
 
 
