@@ -355,9 +355,9 @@ def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
     if s.finetuning_type == "lora":
         trainable = 0  # adapters: model_states counts their own states (a few MiB: no step term)
     masters = s.finetuning_type != "lora" and not s.fp32_model_weights and not s.pure_bf16
-    step = (mem.FP32_BYTES * trainable if masters else 0.0) + (
-        mem.FOREACH_ADAM_TEMP_BYTES * trainable if s.adam_foreach else 0.0
-    )
+    # the sqrt is in the moments' dtype: bf16 under pure_bf16 (no masters), fp32 otherwise
+    sqrt = mem.BF16_BYTES if s.pure_bf16 else mem.FOREACH_ADAM_TEMP_BYTES
+    step = (mem.FP32_BYTES * trainable if masters else 0.0) + (sqrt * trainable if s.adam_foreach else 0.0)
     return max(0.0, step - freed)
 
 
@@ -371,11 +371,12 @@ BACKWARD_START_HEADS = ("full_logits", "full_logits_no_nll", "value_head")
 
 
 def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -> float:
-    """The gradient bytes that add to the peak above the forward's `forward` bytes (activations, loss head,
-    stage terms). Summed (all of `grads`) unless the peak is provably at the start of the backward: a loss
-    head of BACKWARD_START_HEADS on a full fine-tune, one process without ZeRO/FSDP (DDP's buckets and
-    ZeRO's partitions keep gradient storage alive), no gradient accumulation. There the peak is the larger
-    of the backward's start (the forward's bytes + the head's gradient) and its end (every gradient, the
+    """The gradient bytes that add to the peak above the `forward` bytes that the backward frees (the
+    activations and the loss head; the stage's weights and buffers stay alive to its end). Summed (all of
+    `grads`) unless the peak is provably at the start of the backward: a loss head of BACKWARD_START_HEADS
+    on a full fine-tune, one process without ZeRO/FSDP (DDP's buckets and ZeRO's partitions keep gradient
+    storage alive), no gradient accumulation. There the peak is the larger of the backward's start (the
+    forward's bytes + the head's gradient) and its end (every gradient and the stage's weights, the
     activations freed): as the backward walks down the layers each one frees its activations and allocates
     its gradients, so the peak is at one of the two ends."""
     single = s.num_gpus == 1 and s.deepspeed_stage in (None, 0) and s.fsdp is None
@@ -441,7 +442,7 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     if s.checkpoint_offload:  # validate_setup: only with checkpointing
         kept, recomputed = kept_recomputed(spec, s)
         pending = mem.offload_pending_bytes(train_tokens(s), recomputed, kept, spec.hidden_size)
-    grads = gradients_at_peak(spec, s, st.grads, acts + logits + sum(v for _, v in terms))
+    grads = gradients_at_peak(spec, s, st.grads, acts + logits)
     gpu = mem.breakdown(
         st.weights, grads, optim, acts, logits, st.adapters, terms=terms, fragmentation=frag,
         reserved_extra=pending,

@@ -335,7 +335,10 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
         for ckpt in ckpts:
             if ckpt == CKPT_OFFLOADED and open_all and (st.deepspeed_stage == 3 or st.fsdp):
                 continue  # use_unsloth_gc is refused with sharded weights (plan/decide.py): not a choice
-            row[ckpt] = evaluate(req, st, _apply(base, st, ckpt, mb, fu, at, req.fp8_allowed))
+            s = _apply(base, st, ckpt, mb, fu, at, req.fp8_allowed)
+            if not req.micro_batch:  # an auto micro-batch keeps gradient_accumulation_steps (advice.py)
+                s = replace(s, optimizer_batch=mb * req.gradient_accumulation_steps)
+            row[ckpt] = evaluate(req, st, s)
         out += row.values()
         # checkpointing left to the planner: partial rows (k of N layers) between "off" and each "all" mode;
         # use_unsloth_gc under gradient_checkpointing: auto has no "off" (checkpointing stays on, offloaded)

@@ -130,3 +130,15 @@ def test_request_from_config_maps_the_yaml(tiny_model, tmp_path, fields, optimiz
     )
     req = request_from_config(cfg, gpus=1, gpu_memory_gib=80)
     assert (req.optimizer, req.optimizer_rank) == (optimizer, rank)
+
+
+def test_the_foreach_sqrt_is_in_the_moments_dtype(specs) -> None:
+    """pure_bf16 keeps bf16 moments (no masters): torch's _foreach_sqrt of them is bf16, 2 bytes a parameter."""
+    s = specs["qwen2.5-1.5b"]
+    setup = dict(
+        finetuning_type="full", micro_batch=1, seq_len=128, gradient_checkpointing=True, fused_ce=True
+    )
+    fused = estimate(s, Setup(pure_bf16=True, **setup)).gpu
+    foreach = estimate(s, Setup(pure_bf16=True, adam_foreach=True, **setup)).gpu
+    freed = (foreach.activations + foreach.logits) * mem.GIB
+    assert (foreach.optimizer - fused.optimizer) * mem.GIB == pytest.approx(2 * s.num_params - freed)

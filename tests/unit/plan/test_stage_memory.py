@@ -131,3 +131,35 @@ def test_a_full_fine_tune_whose_loss_head_peaks_at_the_backward_start_does_not_a
     assert sft.gradients * mem.GIB == pytest.approx(4 * s.num_params)  # the summed model elsewhere
     tiny = estimate(s, Setup(**{**orpo, "micro_batch": 1, "seq_len": 8})).gpu  # the end of the backward
     assert (tiny.gradients + tiny.activations + tiny.logits) * mem.GIB == pytest.approx(4 * s.num_params)
+
+
+def test_an_auto_micro_batch_with_accumulation_keeps_every_gradient_in_the_peak(qwen):
+    """per_device_train_batch_size: auto keeps gradient_accumulation_steps (plan/advice.py): every searched
+    micro-batch accumulates, so the backward-start rule of the full-logits head does not apply to any row."""
+    from lmstack.plan.estimate import model_states
+
+    flat = dict(model_name_or_path=qwen("0.5b"), output_dir="o", bf16=True, cutoff_len=1024, stage="dpo",
+                pref_loss="orpo", finetuning_type="full", per_device_train_batch_size="auto",
+                gradient_accumulation_steps=4, gradient_checkpointing=False, flash_attn="sdpa")  # fmt: skip
+    req = request_from_config(build_config(flat), 1, 139.8)
+    assert req.micro_batch is None and req.loss_path == "full_logits"
+    rows = [c for c in plan(req).candidates if c.strategy.name == "single" and c.setup.micro_batch > 1]
+    assert rows
+    for c in rows:
+        summed = model_states(req.spec, c.setup).grads / mem.GIB
+        assert c.estimate.gpu.gradients == pytest.approx(summed), c.setup.micro_batch
+
+
+def test_the_backward_start_rule_keeps_the_stage_weights_at_the_end_of_the_backward(specs):
+    """PPO on a full fine-tune (full-logits head): the reference copy, the reward model and the rollout
+    buffer stay alive through the backward's end, where every gradient exists; only the activations and
+    the loss head are freed by then."""
+    s = specs["qwen2.5-0.5b"]
+    ppo = Setup(finetuning_type="full", stage="ppo", loss_path="full_logits", reference="copy", micro_batch=1,
+                seq_len=64, prompt_len=32, generated_rows=1, reward_model_params=s.num_params, packed=False)  # fmt: skip
+    g = estimate(s, ppo).gpu
+    persistent = sum(v for name, v in g.terms if name in ("reference model weights (frozen copy)",
+                                                          "reward model weights", "rollout buffer"))  # fmt: skip
+    grads = 2 * s.num_params / mem.GIB  # bf16 grads (optimizer-held masters)
+    assert g.activations + g.logits < grads  # the end of the backward is the peak here
+    assert g.allocated >= g.weights + grads + g.optimizer + persistent - 1e-6
