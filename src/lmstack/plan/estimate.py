@@ -49,7 +49,8 @@ class Setup:
     fused_ce: bool = False
     optimizer: str = "adamw"  # OPTIMIZERS
     # torch's multi-tensor AdamW (optim: adamw_torch): its step holds sqrt(exp_avg_sq) for every parameter at
-    # once (memory.FOREACH_ADAM_TEMP_BYTES); the fused kernel (adamw_torch_fused) and DeepSpeed's hold none
+    # once (memory.FOREACH_ADAM_TEMP_BYTES); the fused kernel (adamw_torch_fused) holds none. Under ZeRO/FSDP
+    # the same optimizer steps its partition: not modelled (the recorded ZeRO runs peak elsewhere)
     adam_foreach: bool = False
     optimizer_rank: int = 16  # galore_rank / apollo_rank
     liger: bool | None = None  # Liger's kernel set (RMSNorm/SwiGLU/RoPE); None = same as fused_ce
@@ -370,6 +371,17 @@ def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
 BACKWARD_START_HEADS = ("full_logits", "full_logits_no_nll", "value_head")
 
 
+def peaks_at_backward_start(s: Setup) -> bool:
+    """gradients_at_peak's case: a BACKWARD_START_HEADS loss on a full fine-tune in one process without
+    ZeRO/FSDP, no gradient accumulation, no generation (PPO's loop was never traced)."""
+    single = s.num_gpus == 1 and s.deepspeed_stage in (None, 0) and s.fsdp is None
+    no_accumulation = s.optimizer_batch <= s.micro_batch
+    return (
+        s.loss_path in BACKWARD_START_HEADS and s.finetuning_type == "full" and single and no_accumulation
+        and not s.generated_rows
+    )  # fmt: skip
+
+
 def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -> float:
     """The gradient bytes that add to the peak above the `forward` bytes that the backward frees (the
     activations and the loss head; the stage's weights and buffers stay alive to its end). Summed (all of
@@ -379,11 +391,7 @@ def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -
     forward's bytes + the head's gradient) and its end (every gradient and the stage's weights, the
     activations freed): as the backward walks down the layers each one frees its activations and allocates
     its gradients, so the peak is at one of the two ends."""
-    single = s.num_gpus == 1 and s.deepspeed_stage in (None, 0) and s.fsdp is None
-    no_accumulation = s.optimizer_batch <= s.micro_batch
-    if not (
-        s.loss_path in BACKWARD_START_HEADS and s.finetuning_type == "full" and single and no_accumulation
-    ):
+    if not peaks_at_backward_start(s):
         return grads
     head = 0.0
     if s.loss_path != "value_head":  # the tied or separate [V, h] head's gradient, in the weights' dtype

@@ -28,7 +28,14 @@ from lmstack.plan.advice import (
     unsupported,
     yaml_changes,
 )
-from lmstack.plan.estimate import Estimate, Setup, estimate, recomputed_layers, validate_setup
+from lmstack.plan.estimate import (
+    Estimate,
+    Setup,
+    estimate,
+    peaks_at_backward_start,
+    recomputed_layers,
+    validate_setup,
+)
 from lmstack.plan.model_spec import ModelSpec
 from lmstack.plan.parallel import Layout, enumerate_layouts
 from lmstack.plan.partial_ckpt import describe, smallest_fitting
@@ -465,6 +472,12 @@ def plan(req: PlanRequest) -> PlanResult:
     if req.attention == "eager":
         notes.append("attention eager stores the s x s score matrix; flash/sdpa removes it.")
     notes += fp8_estimate.notes(req)
+    if configured is not None and peaks_at_backward_start(configured.setup):
+        notes.append(
+            "grads: the configured run peaks at the start of its backward (its loss head's transient, every "
+            "activation alive), before any decoder gradient exists: the column shows what its gradients add "
+            "above that peak (the head's gradient, or the end of the backward's excess), not their full size"
+        )
     megatron: list[Layout] = []
     if req.finetuning_type == "full":
         megatron = enumerate_layouts(

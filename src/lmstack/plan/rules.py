@@ -152,6 +152,20 @@ def single_process_stage(plan: RunPlan) -> str | None:
     return None
 
 
+# the optimizers a stage's own loop (StageSpec.trainer false: lmstack's PPO) builds: torch's AdamW, multi-tensor or fused
+OWN_LOOP_OPTIMS = ("adamw_torch", "adamw_torch_fused")
+
+
+def own_loop_optimizer(plan: RunPlan) -> str | None:
+    optim = plan.cfg.training.optim
+    if not plan.stage.trainer and optim not in OWN_LOOP_OPTIMS:
+        raise ConfigError(
+            f"optim: {optim} is not available for stage: {plan.stage.name}, whose own training loop builds "
+            f"torch's AdamW; use optim: {' or '.join(OWN_LOOP_OPTIMS)}"
+        )
+    return None
+
+
 def deepspeed_installed(plan: RunPlan) -> str | None:
     if plan.deepspeed is not None and not plan.ctx.has("deepspeed"):
         raise ConfigError(
@@ -342,6 +356,7 @@ RULES: list[Rule] = [
     fsdp_field,
     qlora_with_zero3,
     single_process_stage,
+    own_loop_optimizer,
     # GaLore / APOLLO / BAdam combinations (REFERENCE §2.3) are checked by train/method_rules.py
 ]
 # rules about this machine and this launch: `lmstack train` applies them, `lmstack check` (which may

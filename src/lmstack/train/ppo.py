@@ -306,12 +306,13 @@ def _optimizer(cfg: Config, policy: ValueHeadModel, total: int) -> tuple[Any, An
 
     t = cfg.training
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
+    optimizer = torch.optim.AdamW(  # optim: adamw_torch (multi-tensor) or adamw_torch_fused (plan/rules.py)
         params,
         lr=t.learning_rate,
         betas=(t.adam_beta1, t.adam_beta2),
         eps=t.adam_epsilon,
         weight_decay=t.weight_decay,
+        fused=True if t.optim == "adamw_torch_fused" else None,
     )
     warmup = t.warmup_steps if t.warmup_steps > 0 else int(t.warmup_ratio * total)
     return optimizer, get_scheduler(

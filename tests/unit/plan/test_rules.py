@@ -143,3 +143,28 @@ def test_deepspeed_package_is_a_launch_rule(base_cfg):
 def test_liger_on_cpu_is_a_note_said_once(base_cfg):
     notes, found = check_rules(RunPlan.resolve(build_config({**base_cfg, "enable_liger_kernel": True}), CPU))
     assert found == [] and len(notes) == 1 and "Liger's Triton kernels need a CUDA GPU" in notes[0]
+
+
+def test_ppo_builds_torchs_adamw_so_another_optim_is_refused_by_name(base_cfg):
+    ppo = {"stage": "ppo", "reward_model": "r", "report_to": "none"}
+    assert not [p for p in problems(base_cfg, **ppo) if p.startswith("optim:")]
+    assert not [p for p in problems(base_cfg, optim="adamw_torch_fused", **ppo) if p.startswith("optim:")]
+    got = [p for p in problems(base_cfg, optim="adafactor", **ppo) if p.startswith("optim:")]
+    assert got == [
+        "optim: adafactor is not available for stage: ppo, whose own training loop builds torch's AdamW; "
+        "use optim: adamw_torch or adamw_torch_fused"
+    ]
+    assert not [
+        p for p in problems(base_cfg, optim="adafactor") if p.startswith("optim:")
+    ]  # sft: the Trainer's
+
+
+@pytest.mark.parametrize("optim,fused", [("adamw_torch", None), ("adamw_torch_fused", True)])
+def test_ppo_optimizer_follows_optim(base_cfg, optim, fused):
+    import torch
+
+    from lmstack.train.ppo import _optimizer
+
+    cfg = build_config({**base_cfg, "stage": "ppo", "reward_model": "r", "optim": optim})
+    optimizer, _ = _optimizer(cfg, torch.nn.Linear(4, 4), total=10)
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is fused

@@ -163,3 +163,15 @@ def test_the_backward_start_rule_keeps_the_stage_weights_at_the_end_of_the_backw
     grads = 2 * s.num_params / mem.GIB  # bf16 grads (optimizer-held masters)
     assert g.activations + g.logits < grads  # the end of the backward is the peak here
     assert g.allocated >= g.weights + grads + g.optimizer + persistent - 1e-6
+
+
+def test_the_table_says_why_a_backward_start_peak_shows_few_gradients(specs):
+    from lmstack.plan.recommend import PlanRequest
+
+    orpo = dict(spec=specs["qwen2.5-0.5b"], finetuning_type="full", stage="dpo", rows_per_example=2,
+                micro_batch=2, seq_len=1024, loss_path="full_logits", fp32_model_weights=True,
+                gradient_checkpointing=False, gpu_memory_gib=80)  # fmt: skip
+    said = [n for n in plan(PlanRequest(**orpo)).notes if n.startswith("grads:")]
+    assert len(said) == 1 and "start of its backward" in said[0]
+    summed = PlanRequest(**{**orpo, "gradient_accumulation_steps": 2})
+    assert not [n for n in plan(summed).notes if n.startswith("grads:")]
