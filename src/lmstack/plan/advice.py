@@ -50,6 +50,12 @@ def unsupported(req: PlanRequest, s: Setup) -> str:
         return "unsupported combination: 8-bit bases cannot be sharded by ZeRO-3/FSDP"
     if not req.multi_process and (s.deepspeed_stage is not None or s.fsdp or s.num_gpus > 1):
         return f"unsupported combination: stage {req.stage} runs in one process (no DeepSpeed/FSDP)"
+    if (
+        req.master_weights == "optimizer"
+        and s.finetuning_type != "lora"
+        and s.optimizer_batch > s.micro_batch
+    ):
+        return "unsupported combination: master_weights: optimizer needs gradient_accumulation_steps: 1"
     if s.fused_ce and have is not None and PACKAGE_FOR["liger"] not in have and not req.fused_ce:
         return "unsupported here: Liger's kernels need liger-kernel (pip install liger-kernel)"
     return _fp8_unsupported(req, s) if s.fp8 else ""

@@ -142,6 +142,17 @@ def fp8_fields(plan: RunPlan) -> dict:
     }
 
 
+def _masters_unless_accumulating(plan: RunPlan) -> bool:
+    """master_weights: auto on a GPU, and nothing but gradient accumulation would stop the optimizer-held fp32
+    masters on one process (decide.master_weight_blockers without ZeRO/FSDP)."""
+    from lmstack.plan import decide
+
+    if plan.cfg.training.master_weights != "auto" or plan.device != "cuda":
+        return False
+    blockers = decide.master_weight_blockers(plan.cfg, plan.stage, None, False)
+    return set(blockers) <= {"gradient_accumulation_steps: 1"}
+
+
 def request_from_plan(
     plan: RunPlan,
     gpus: int,
@@ -214,6 +225,8 @@ def request_from_plan(
         freeze_trainable_layers=ft.freeze_trainable_layers,
         optimizer=_optimizer(cfg),
         adam_foreach=t.optim == "adamw_torch",
+        master_weights=t.master_weights,
+        masters_unless_accumulating=_masters_unless_accumulating(plan),
         optimizer_rank=ft.apollo_rank if ft.use_apollo else ft.galore_rank,
         deepspeed_stage="auto" if t.deepspeed == "auto" else (ds.zero_stage if ds else None),
         offload_optimizer=bool(ds and ds.offload_optimizer),

@@ -80,6 +80,11 @@ class PlanRequest:
     micro_batch: int | None = None
     gradient_accumulation_steps: int = 1
     adam_foreach: bool = False  # optim: adamw_torch (torch's AdamW, multi-tensor on a GPU), not the fused one
+    # the YAML's master_weights, and whether `auto` would keep the optimizer's fp32 masters for a single/DDP
+    # row were gradient_accumulation_steps 1 (plan/decide.master_weight_blockers: nothing else blocks them):
+    # a searched micro-batch that changes the accumulation changes the precision scheme with it
+    master_weights: str = "auto"
+    masters_unless_accumulating: bool = False
     gradient_checkpointing: bool | None = None
     checkpoint_offload: bool = False  # use_unsloth_gc (the recommendation's search opens it)
     # a resolved run plan's partial checkpointing (plan.checkpoint_layers): k of the layers recompute
@@ -345,7 +350,7 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
             s = _apply(base, st, ckpt, mb, fu, at, req.fp8_allowed)
             if not req.micro_batch:  # an auto micro-batch keeps gradient_accumulation_steps (advice.py)
                 s = replace(s, optimizer_batch=mb * req.gradient_accumulation_steps)
-            row[ckpt] = evaluate(req, st, s)
+            row[ckpt] = evaluate(req, st, _masters_for_accumulation(req, s))
         out += row.values()
         # checkpointing left to the planner: partial rows (k of N layers) between "off" and each "all" mode;
         # use_unsloth_gc under gradient_checkpointing: auto has no "off" (checkpointing stays on, offloaded)
@@ -354,6 +359,15 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
             pairs = pairs if req.checkpoint_offload and req.gradient_checkpointing is None else []
         out += [c for c in (partial_checkpointing(req, off, full) for off, full in pairs) if c]
     return out
+
+
+def _masters_for_accumulation(req: PlanRequest, s: Setup) -> Setup:
+    """master_weights: auto keeps the optimizer's fp32 masters only without gradient accumulation (their bf16
+    gradients would accumulate in bf16): a row whose micro-batch accumulates runs classic AMP (fp32 weights in
+    the model), one that does not keeps the masters. ZeRO/FSDP rows keep their own masters either way."""
+    if not req.masters_unless_accumulating or s.finetuning_type == "lora" or s.deepspeed_stage or s.fsdp:
+        return s
+    return replace(s, fp32_model_weights=s.optimizer_batch > s.micro_batch)
 
 
 def partial_checkpointing(req: PlanRequest, off: Candidate | None, full: Candidate) -> Candidate | None:

@@ -142,3 +142,38 @@ def test_the_foreach_sqrt_is_in_the_moments_dtype(specs) -> None:
     foreach = estimate(s, Setup(pure_bf16=True, adam_foreach=True, **setup)).gpu
     freed = (foreach.activations + foreach.logits) * mem.GIB
     assert (foreach.optimizer - fused.optimizer) * mem.GIB == pytest.approx(2 * s.num_params - freed)
+
+
+def test_a_searched_micro_batch_that_accumulates_runs_classic_amp(specs, tmp_path, qwen_shapes) -> None:
+    """master_weights: auto keeps the optimizer's fp32 masters only with gradient_accumulation_steps: 1
+    (plan/decide.py): a row that splits the batch into accumulated micro-batches is estimated as what
+    would run there, classic AMP (fp32 weights, their wider activations); an explicit
+    master_weights: optimizer makes such rows unsupported."""
+    import json
+
+    from lmstack.plan import plan
+    from lmstack.plan.whatif import request_from_config
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", **qwen_shapes["0.5b"]}))
+    yaml = {"model_name_or_path": str(model), "template": "qwen", "stage": "sft", "do_train": True,
+            "finetuning_type": "full", "dataset": "alpaca_en_demo", "output_dir": str(tmp_path / "o"),
+            "bf16": True, "per_device_train_batch_size": 8, "cutoff_len": 2048, "packing": True}  # fmt: skip
+    req = request_from_config(build_config(yaml), 1, 80)
+    assert req.masters_unless_accumulating and req.master_weights == "auto"
+    rows = {(c.setup.micro_batch, c.setup.gradient_checkpointing): c for c in plan(req).candidates
+            if c.strategy.name == "single" and not c.setup.checkpoint_offload and c.setup.checkpoint_layers is None}  # fmt: skip
+    assert not rows[(8, False)].setup.fp32_model_weights  # the configured batch: the optimizer's masters
+    split = rows[(4, False)]
+    assert split.setup.optimizer_batch == 8 and split.setup.fp32_model_weights
+    per_row = rows[(8, False)].estimate.gpu.activations / 8
+    assert split.estimate.gpu.activations / 4 == pytest.approx(per_row * mem.FP32_RESIDUAL_ACTIVATION_FACTOR)
+    explicit = request_from_config(build_config({**yaml, "master_weights": "optimizer"}), 1, 80)
+    refused = [
+        c for c in plan(explicit).candidates if c.strategy.name == "single" and c.setup.micro_batch < 8
+    ]
+    assert refused and all("master_weights: optimizer needs gradient_accumulation_steps: 1" in c.why_not
+                           for c in refused)  # fmt: skip
+    no_masters = request_from_config(build_config({**yaml, "pure_bf16": True}), 1, 80)
+    assert not no_masters.masters_unless_accumulating
