@@ -364,8 +364,10 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
 def _masters_for_accumulation(req: PlanRequest, s: Setup) -> Setup:
     """master_weights: auto keeps the optimizer's fp32 masters only without gradient accumulation (their bf16
     gradients would accumulate in bf16): a row whose micro-batch accumulates runs classic AMP (fp32 weights in
-    the model), one that does not keeps the masters. ZeRO/FSDP rows keep their own masters either way."""
-    if not req.masters_unless_accumulating or s.finetuning_type == "lora" or s.deepspeed_stage or s.fsdp:
+    the model), one that does not keeps the masters. DeepSpeed rows (ZeRO-0 too: its bf16 optimizer holds
+    them) and FSDP rows keep their own masters either way."""
+    own_masters = s.deepspeed_stage is not None or s.fsdp is not None
+    if not req.masters_unless_accumulating or s.finetuning_type == "lora" or own_masters:
         return s
     return replace(s, fp32_model_weights=s.optimizer_batch > s.micro_batch)
 

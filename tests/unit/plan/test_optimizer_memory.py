@@ -3,6 +3,8 @@ momentum, BAdam's one active block) and how a YAML maps onto them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lmstack.config.load import build_config
@@ -177,3 +179,30 @@ def test_a_searched_micro_batch_that_accumulates_runs_classic_amp(specs, tmp_pat
                            for c in refused)  # fmt: skip
     no_masters = request_from_config(build_config({**yaml, "pure_bf16": True}), 1, 80)
     assert not no_masters.masters_unless_accumulating
+
+
+def test_a_zero0_row_that_accumulates_keeps_deepspeeds_masters(specs, tmp_path, qwen_shapes) -> None:
+    """ZeRO-0 is DeepSpeed too (its bf16 optimizer holds the fp32 masters, the model stays bf16): a
+    `deepspeed: ds_z0_config.json` run with gradient_accumulation_steps: 2 is estimated as the run plan
+    resolved it (request_from_plan: no fp32 model weights under DeepSpeed), never as classic AMP."""
+    import json
+
+    from lmstack.plan import plan
+    from lmstack.plan.whatif import request_from_config
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", **qwen_shapes["0.5b"]}))
+    z0 = Path(__file__).resolve().parents[3] / "examples/deepspeed/ds_z0_config.json"
+    yaml = {"model_name_or_path": str(model), "template": "qwen", "stage": "sft", "do_train": True,
+            "finetuning_type": "full", "dataset": "alpaca_en_demo", "output_dir": str(tmp_path / "o"),
+            "bf16": True, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
+            "cutoff_len": 1024, "deepspeed": str(z0), "gradient_checkpointing": False}  # fmt: skip
+    req = request_from_config(build_config(yaml), 2, 80)
+    assert req.deepspeed_stage == 0 and not req.fp32_model_weights and req.masters_unless_accumulating
+    result = plan(req)
+    assert result.configured.strategy.name == "zero0" and result.configured.setup.optimizer_batch == 8
+    assert not result.configured.setup.fp32_model_weights
+    rows = [c for c in result.candidates if c.strategy.deepspeed_stage is not None]
+    assert rows and not [c for c in rows if c.setup.fp32_model_weights]
+
