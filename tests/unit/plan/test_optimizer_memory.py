@@ -9,6 +9,7 @@ import pytest
 
 from lmstack.config.load import build_config
 from lmstack.plan import memory as mem
+from lmstack.plan.advice import yaml_changes
 from lmstack.plan.estimate import Setup, estimate
 
 
@@ -206,3 +207,33 @@ def test_a_zero0_row_that_accumulates_keeps_deepspeeds_masters(specs, tmp_path, 
     rows = [c for c in result.candidates if c.strategy.deepspeed_stage is not None]
     assert rows and not [c for c in rows if c.setup.fp32_model_weights]
 
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_master_weights_optimizer_rows_give_yaml_the_run_plan_accepts(tmp_path, qwen_shapes, gpus) -> None:
+    """master_weights: optimizer holds only on one process/DDP without accumulation (plan/decide.py):
+    a row on DeepSpeed, FSDP or LoRA gives YAML that sets master_weights back to auto (DeepSpeed/FSDP
+    keep their own masters; adapters have none), so the recommendation passes `lmstack check`."""
+    import json
+
+    from lmstack.plan import plan
+    from lmstack.plan.whatif import plan_for, request_from_config
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", **qwen_shapes["7b"]}))
+    yaml = {"model_name_or_path": str(model), "template": "qwen", "stage": "sft", "do_train": True,
+            "finetuning_type": "full", "dataset": "alpaca_en_demo", "output_dir": str(tmp_path / "o"),
+            "bf16": True, "per_device_train_batch_size": 4, "cutoff_len": 2048,
+            "master_weights": "optimizer"}  # fmt: skip
+    result = plan(request_from_config(build_config(yaml), gpus, 80))
+    rec = result.recommendation
+    assert not result.configured.fits and rec is not None  # 7B's masters + Adam do not fit one 80 GB GPU
+    assert rec.yaml_changes.get("master_weights") == "auto"
+    fitting = [c for c in result.candidates if c.fits]
+    sharded = [c for c in fitting if c.setup.deepspeed_stage is not None or c.setup.fsdp or c.changes_method]
+    assert sharded
+    for c in fitting:
+        changes = yaml_changes(result.request, c)
+        run = plan_for(build_config({**yaml, **changes}), gpus, 80)  # raises where the masters cannot hold
+        masters = run.precision.master_weights == "optimizer"
+        assert masters == (c.setup.deepspeed_stage is None and not c.setup.fsdp and not c.changes_method)
