@@ -168,7 +168,9 @@ def _frozen_weight_bytes(spec: ModelSpec, frozen: int, s: Setup) -> float:
     if _fp8_base(s):
         return sum(fp8_estimate.frozen_weight_bytes(spec))
     if s.quantization_bit is None or s.finetuning_type != "lora":
-        return mem.BF16_BYTES * frozen
+        # classic AMP loads the whole model in fp32 and freeze-tuning casts nothing back (models/adapters.py)
+        fp32 = s.fp32_model_weights and s.finetuning_type == "freeze"
+        return (mem.FP32_BYTES if fp32 else mem.BF16_BYTES) * frozen
     linear = spec.linear_params
     return mem.quantized_weight_bytes(linear, spec.num_params - linear, s.quantization_bit)
 
@@ -387,7 +389,7 @@ def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -
     activations and the loss head; the stage's weights and buffers stay alive to its end). Summed (all of
     `grads`) unless the peak is provably at the start of the backward: a loss head of BACKWARD_START_HEADS
     on a full fine-tune, one process without ZeRO/FSDP (DDP's buckets and ZeRO's partitions keep gradient
-    storage alive), no gradient accumulation. There the peak is the larger of the backward's start (the
+    storage alive), no gradient accumulation, no generation (peaks_at_backward_start). There the peak is the larger of the backward's start (the
     forward's bytes + the head's gradient) and its end (every gradient and the stage's weights, the
     activations freed): as the backward walks down the layers each one frees its activations and allocates
     its gradients, so the peak is at one of the two ends."""
@@ -415,7 +417,9 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
     if s.loss_path == "value_head":
         # the margin was fitted on a bf16 model; classic AMP's residual stream is fp32, twice the bytes (the
         # traced full rm run, snap_r4_rm_0.5b_full_mb4: 0.82 GiB above the bf16 margin's 0.79)
-        widen = mem.FP32_BYTES / mem.BF16_BYTES if s.fp32_model_weights else 1.0
+        widen = (
+            mem.FP32_BYTES / mem.BF16_BYTES if s.fp32_model_weights and s.finetuning_type != "lora" else 1.0
+        )
         hidden_states = (
             widen * mem.VALUE_HEAD_MARGIN_BYTES * tokens * spec.hidden_size * (spec.num_layers + 1)
         )
