@@ -142,15 +142,22 @@ def fp8_fields(plan: RunPlan) -> dict:
     }
 
 
-def _masters_unless_accumulating(plan: RunPlan) -> bool:
-    """master_weights: auto on a GPU, and nothing but gradient accumulation would stop the optimizer-held fp32
-    masters on one process (decide.master_weight_blockers without ZeRO/FSDP)."""
+def _single_process_scheme(plan: RunPlan) -> tuple[bool, bool]:
+    """How a single/DDP row of this config would keep its fp32 master weights (decide.master_weights without
+    ZeRO/FSDP), for the rows the planner searches beyond the configured strategy: (masters_unless_accumulating:
+    master_weights: auto on a GPU and nothing but gradient accumulation blocks the optimizer-held masters,
+    classic_amp_alone: a mixed-precision full/freeze run whose masters are blocked otherwise, or
+    master_weights: model -- fp32 weights in the model whatever the accumulation)."""
     from lmstack.plan import decide
 
-    if plan.cfg.training.master_weights != "auto" or plan.device != "cuda":
-        return False
-    blockers = decide.master_weight_blockers(plan.cfg, plan.stage, None, False)
-    return set(blockers) <= {"gradient_accumulation_steps: 1"}
+    cfg, t = plan.cfg, plan.cfg.training
+    if plan.device != "cuda" or cfg.finetuning.finetuning_type not in ("full", "freeze"):
+        return False, False
+    mixed = (t.bf16 or t.fp16) and not cfg.finetuning.pure_bf16
+    blockers = set(decide.master_weight_blockers(cfg, plan.stage, None, False))
+    if t.master_weights == "auto" and blockers <= {"gradient_accumulation_steps: 1"}:
+        return True, False
+    return False, mixed and (t.master_weights == "model" or (t.master_weights == "auto" and bool(blockers)))
 
 
 def request_from_plan(
@@ -181,6 +188,7 @@ def request_from_plan(
     # auto (the default): the planner decides; with use_unsloth_gc checkpointing stays on (LF), offloaded,
     # and auto decides how many layers recompute (recommend.search: the fewest that fit)
     gc_auto = t.gradient_checkpointing == "auto" and not cfg.model.disable_gradient_checkpointing
+    masters_unless_accumulating, classic_amp_alone = _single_process_scheme(plan)
     fields = {"seq_len": plan.row_capacity or cfg.data.cutoff_len}
     fields.update(stage_fields(plan, spec))
     fields.update(fp8_fields(plan))
@@ -226,7 +234,8 @@ def request_from_plan(
         optimizer=_optimizer(cfg),
         adam_foreach=t.optim == "adamw_torch",
         master_weights=t.master_weights,
-        masters_unless_accumulating=_masters_unless_accumulating(plan),
+        masters_unless_accumulating=masters_unless_accumulating,
+        classic_amp_alone=classic_amp_alone,
         optimizer_rank=ft.apollo_rank if ft.use_apollo else ft.galore_rank,
         deepspeed_stage="auto" if t.deepspeed == "auto" else (ds.zero_stage if ds else None),
         offload_optimizer=bool(ds and ds.offload_optimizer),

@@ -85,6 +85,9 @@ class PlanRequest:
     # a searched micro-batch that changes the accumulation changes the precision scheme with it
     master_weights: str = "auto"
     masters_unless_accumulating: bool = False
+    # without ZeRO/FSDP this config runs classic AMP (fp32 weights in the model under autocast) whatever its
+    # accumulation: master_weights: model, fp16, another optimizer (from_config._single_process_scheme)
+    classic_amp_alone: bool = False
     gradient_checkpointing: bool | None = None
     checkpoint_offload: bool = False  # use_unsloth_gc (the recommendation's search opens it)
     # a resolved run plan's partial checkpointing (plan.checkpoint_layers): k of the layers recompute
@@ -350,7 +353,7 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
             s = _apply(base, st, ckpt, mb, fu, at, req.fp8_allowed)
             if not req.micro_batch:  # an auto micro-batch keeps gradient_accumulation_steps (advice.py)
                 s = replace(s, optimizer_batch=mb * req.gradient_accumulation_steps)
-            row[ckpt] = evaluate(req, st, _masters_for_accumulation(req, s))
+            row[ckpt] = evaluate(req, st, _precision_of_row(req, s))
         out += row.values()
         # checkpointing left to the planner: partial rows (k of N layers) between "off" and each "all" mode;
         # use_unsloth_gc under gradient_checkpointing: auto has no "off" (checkpointing stays on, offloaded)
@@ -361,15 +364,21 @@ def search(req: PlanRequest, strategies: list[Strategy], open_all: bool = False)
     return out
 
 
-def _masters_for_accumulation(req: PlanRequest, s: Setup) -> Setup:
-    """master_weights: auto keeps the optimizer's fp32 masters only without gradient accumulation (their bf16
-    gradients would accumulate in bf16): a row whose micro-batch accumulates runs classic AMP (fp32 weights in
-    the model), one that does not keeps the masters. DeepSpeed rows (ZeRO-0 too: its bf16 optimizer holds
-    them) and FSDP rows keep their own masters either way."""
-    own_masters = s.deepspeed_stage is not None or s.fsdp is not None
-    if not req.masters_unless_accumulating or s.finetuning_type == "lora" or own_masters:
+def _precision_of_row(req: PlanRequest, s: Setup) -> Setup:
+    """The precision scheme a searched row would run with, not the configured strategy's: DeepSpeed rows
+    (ZeRO-0 too) hold bf16 weights with the fp32 masters in DeepSpeed's optimizer; single/DDP rows keep the
+    optimizer's masters under master_weights: auto only without gradient accumulation (their bf16 gradients
+    would accumulate in bf16), else classic AMP (fp32 weights in the model), which is also what a config that
+    blocks the masters for another reason runs. FSDP rows (MixedPrecision's own masters) and LoRA keep theirs."""
+    if s.finetuning_type == "lora" or s.fsdp is not None:
         return s
-    return replace(s, fp32_model_weights=s.optimizer_batch > s.micro_batch)
+    if s.deepspeed_stage is not None:
+        return replace(s, fp32_model_weights=False)
+    if req.masters_unless_accumulating:
+        return replace(s, fp32_model_weights=s.optimizer_batch > s.micro_batch)
+    if req.classic_amp_alone:
+        return replace(s, fp32_model_weights=True)
+    return s
 
 
 def partial_checkpointing(req: PlanRequest, off: Candidate | None, full: Candidate) -> Candidate | None:

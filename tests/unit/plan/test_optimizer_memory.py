@@ -237,3 +237,31 @@ def test_master_weights_optimizer_rows_give_yaml_the_run_plan_accepts(tmp_path, 
         run = plan_for(build_config({**yaml, **changes}), gpus, 80)  # raises where the masters cannot hold
         masters = run.precision.master_weights == "optimizer"
         assert masters == (c.setup.deepspeed_stage is None and not c.setup.fsdp and not c.changes_method)
+
+
+def test_each_searched_strategy_is_estimated_with_its_own_precision_scheme(tmp_path, qwen_shapes) -> None:
+    """A ZeRO config with master_weights: model searched onto DDP runs classic AMP there (fp32 weights); a
+    classic-AMP single config (accumulation) searched onto ZeRO runs DeepSpeed's bf16 weights + masters."""
+    import json
+
+    from lmstack.plan import plan
+    from lmstack.plan.whatif import request_from_config
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", **qwen_shapes["0.5b"]}))
+    repo = Path(__file__).resolve().parents[3]
+    yaml = {"model_name_or_path": str(model), "template": "qwen", "stage": "sft", "do_train": True,
+            "finetuning_type": "full", "dataset": "alpaca_en_demo", "output_dir": str(tmp_path / "o"),
+            "bf16": True, "per_device_train_batch_size": 4, "cutoff_len": 2048}  # fmt: skip
+    z2 = {**yaml, "deepspeed": str(repo / "examples/deepspeed/ds_z2_config.json"), "master_weights": "model"}
+    cands = plan(request_from_config(build_config(z2), 2, 80)).candidates
+    ddp = [c for c in cands if c.strategy.name == "ddp"]
+    assert ddp and all(c.setup.fp32_model_weights for c in ddp)
+    full = [c for c in cands if c.setup.finetuning_type == "full"]  # LoRA rows: adapters, no such scheme
+    assert all(not c.setup.fp32_model_weights for c in full if c.setup.deepspeed_stage is not None)
+    accumulating = plan(request_from_config(build_config({**yaml, "gradient_accumulation_steps": 2}), 2, 80))
+    assert accumulating.configured.setup.fp32_model_weights  # classic AMP: what the run plan resolves
+    zero = [c for c in accumulating.candidates
+            if c.setup.deepspeed_stage is not None and c.setup.finetuning_type == "full"]  # fmt: skip
+    assert zero and all(not c.setup.fp32_model_weights for c in zero)
