@@ -370,7 +370,9 @@ class FinetuningArgs(Section):
 
 
 # optimizers the validator passes without importing transformers (its OptimizerNames list is the rule)
-FAST_OPTIMS = frozenset({"adamw_torch", "adamw_torch_fused", "muon"})
+# torch's AdamW as transformers names it: multi-tensor (foreach) and fused
+ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused")
+FAST_OPTIMS = frozenset({*ADAMW_OPTIMS, "muon"})
 # `report_to` trackers lmstack runs (transformers' integration callbacks; each an extra of its own), and
 # the transformers integrations it does not have yet
 TRACKERS = ("tensorboard", "wandb", "mlflow", "swanlab", "trackio")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lmstack.config.errors import ConfigError
-from lmstack.config.schema import Config
+from lmstack.config.schema import ADAMW_OPTIMS, Config
 from lmstack.config.stages import StageSpec, stages_where
 from lmstack.launch.context import LaunchContext
 from lmstack.plan.model_config import config_json as _config_json
@@ -97,7 +97,7 @@ def master_weight_blockers(cfg: Config, spec: StageSpec, zero_stage: int | None,
             "the default AdamW optimizer (not GaLore/APOLLO/BAdam/Muon/Adam-mini)",
         ),
         (t.gradient_accumulation_steps != 1, "gradient_accumulation_steps: 1"),
-        (t.optim not in ("adamw_torch", "adamw_torch_fused"), "optim: adamw_torch or adamw_torch_fused"),
+        (t.optim not in ADAMW_OPTIMS, f"optim: {' or '.join(ADAMW_OPTIMS)}"),
     ]
     return [need for failed, need in checks if failed]
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lmstack.config.errors import ConfigError
+from lmstack.config.schema import ADAMW_OPTIMS
 from lmstack.plan.decide import UNSLOTH_METHODS, UNSLOTH_STAGES
 
 if TYPE_CHECKING:  # annotations only: the planner's request (plan/from_config.py) asks these rules too
@@ -152,16 +153,12 @@ def single_process_stage(plan: RunPlan) -> str | None:
     return None
 
 
-# the optimizers a stage's own loop (StageSpec.trainer false: lmstack's PPO) builds: torch's AdamW, multi-tensor or fused
-OWN_LOOP_OPTIMS = ("adamw_torch", "adamw_torch_fused")
-
-
 def own_loop_optimizer(plan: RunPlan) -> str | None:
     optim = plan.cfg.training.optim
-    if not plan.stage.trainer and optim not in OWN_LOOP_OPTIMS:
+    if not plan.stage.trainer and optim not in ADAMW_OPTIMS:  # a stage's own loop builds torch's AdamW
         raise ConfigError(
             f"optim: {optim} is not available for stage: {plan.stage.name}, whose own training loop builds "
-            f"torch's AdamW; use optim: {' or '.join(OWN_LOOP_OPTIMS)}"
+            f"torch's AdamW; use optim: {' or '.join(ADAMW_OPTIMS)}"
         )
     return None
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import logging
 
 from lmstack.config.errors import ConfigError
-from lmstack.config.schema import Config
+from lmstack.config.schema import ADAMW_OPTIMS, Config
 from lmstack.config.stages import stage_spec, stages_where
 
 logger = logging.getLogger(__name__)
 
 MEMORY_OPTIMIZERS = ("use_galore", "use_apollo", "use_badam", "use_muon", "use_adam_mini")
-ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused")
 PACKAGES = {
     "use_galore": "galore-torch",
     "use_apollo": "apollo-torch",
