@@ -50,14 +50,14 @@ def unsupported(req: PlanRequest, s: Setup) -> str:
         return "unsupported combination: 8-bit bases cannot be sharded by ZeRO-3/FSDP"
     if not req.multi_process and (s.deepspeed_stage is not None or s.fsdp or s.num_gpus > 1):
         return f"unsupported combination: stage {req.stage} runs in one process (no DeepSpeed/FSDP)"
-    if req.master_weights == "optimizer" and not _own_masters(s) and s.optimizer_batch > s.micro_batch:
+    if req.master_weights == "optimizer" and not own_masters(s) and s.optimizer_batch > s.micro_batch:
         return "unsupported combination: master_weights: optimizer needs gradient_accumulation_steps: 1"
     if s.fused_ce and have is not None and PACKAGE_FOR["liger"] not in have and not req.fused_ce:
         return "unsupported here: Liger's kernels need liger-kernel (pip install liger-kernel)"
     return _fp8_unsupported(req, s) if s.fp8 else ""
 
 
-def _own_masters(s: Setup) -> bool:
+def own_masters(s: Setup) -> bool:
     """DeepSpeed (ZeRO-0 too) and FSDP keep their own fp32 masters; LoRA's adapters have none: the
     optimizer-held masters (master_weights: optimizer) never apply to such a row."""
     return s.deepspeed_stage is not None or s.fsdp is not None or s.finetuning_type == "lora"
@@ -133,7 +133,7 @@ def yaml_changes(req: PlanRequest, c: Candidate) -> dict[str, object]:
         ch[f"use_{req.optimizer}"] = False
     if (s.fp8 is None) != (req.fp8 is None):
         ch["fp8"] = s.fp8 is not None
-    if req.master_weights == "optimizer" and _own_masters(s):  # plan/decide.py refuses the masters there
+    if req.master_weights == "optimizer" and own_masters(s):  # plan/decide.py refuses the masters there
         ch["master_weights"] = "auto"
     return ch
 

@@ -164,13 +164,18 @@ def _fp8_base(s: Setup) -> bool:
     return s.fp8 == "frozen-base" and s.finetuning_type == "lora" and s.quantization_bit is None
 
 
+def _classic_amp(s: Setup) -> bool:
+    """fp32 weights in the model (master_weights: model): the whole model, frozen layers included, is fp32
+    and so is its residual stream; LoRA keeps its base in bf16 whatever the scheme."""
+    return s.fp32_model_weights and s.finetuning_type != "lora"
+
+
 def _frozen_weight_bytes(spec: ModelSpec, frozen: int, s: Setup) -> float:
     if _fp8_base(s):
         return sum(fp8_estimate.frozen_weight_bytes(spec))
     if s.quantization_bit is None or s.finetuning_type != "lora":
         # classic AMP loads the whole model in fp32 and freeze-tuning casts nothing back (models/adapters.py)
-        fp32 = s.fp32_model_weights and s.finetuning_type == "freeze"
-        return (mem.FP32_BYTES if fp32 else mem.BF16_BYTES) * frozen
+        return (mem.FP32_BYTES if _classic_amp(s) else mem.BF16_BYTES) * frozen
     linear = spec.linear_params
     return mem.quantized_weight_bytes(linear, spec.num_params - linear, s.quantization_bit)
 
@@ -247,7 +252,7 @@ def model_states(spec: ModelSpec, s: Setup) -> _States:
     if s.offload_param:
         st.cpu += w_train + w_frozen
         w_train = w_frozen = w_fp8 = 0.0
-    if s.fp32_model_weights and stage == 0 and s.finetuning_type != "lora" and not s.offload_optimizer:
+    if _classic_amp(s) and stage == 0 and not s.offload_optimizer:
         # classic AMP: fp32 weights (4 B) and grads (4 B), Adam m+v (8 B) -- the same 16 B, split so
         w_train, grads, optim = 2 * w_train, 2 * grads, optim - mem.FP32_BYTES * trainable
     if n > 1 and stage == 0:  # DDP's gradient buckets: a second copy of the gradients
@@ -278,7 +283,7 @@ def activation_factor(s: Setup) -> float:
     factor = mem.BF16_ACTIVATION_CALIBRATION
     if s.finetuning_type == "lora" and s.fp32_adapters:
         factor *= mem.PEFT_LORA_ACTIVATION_FACTOR
-    if s.fp32_model_weights and s.finetuning_type != "lora":
+    if _classic_amp(s):
         factor *= mem.FP32_RESIDUAL_ACTIVATION_FACTOR
     if not _liger(s):
         factor *= mem.STOCK_HF_ACTIVATION_FACTOR
@@ -352,12 +357,10 @@ def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
     exceeds them. Optimizer-held fp32 masters (train/master_weights.py) convert the bf16 grads to fp32;
     torch's multi-tensor AdamW then holds sqrt(exp_avg_sq) of every parameter it steps."""
     single_optimizer = s.deepspeed_stage in (None, 0) and s.fsdp is None and s.optimizer == "adamw"
-    if not single_optimizer:
+    if not single_optimizer or s.finetuning_type == "lora":  # adapters: a few MiB, no step term
         return 0.0
     trainable, _, _ = _trainable_frozen(spec, s)
-    if s.finetuning_type == "lora":
-        trainable = 0  # adapters: model_states counts their own states (a few MiB: no step term)
-    masters = s.finetuning_type != "lora" and not s.fp32_model_weights and not s.pure_bf16
+    masters = not s.fp32_model_weights and not s.pure_bf16
     # the sqrt is in the moments' dtype: bf16 under pure_bf16 (no masters), fp32 otherwise
     sqrt = mem.BF16_BYTES if s.pure_bf16 else mem.FOREACH_ADAM_TEMP_BYTES
     step = (mem.FP32_BYTES * trainable if masters else 0.0) + (sqrt * trainable if s.adam_foreach else 0.0)
@@ -387,12 +390,11 @@ def peaks_at_backward_start(s: Setup) -> bool:
 def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -> float:
     """The gradient bytes that add to the peak above the `forward` bytes that the backward frees (the
     activations and the loss head; the stage's weights and buffers stay alive to its end). Summed (all of
-    `grads`) unless the peak is provably at the start of the backward: a loss head of BACKWARD_START_HEADS
-    on a full fine-tune, one process without ZeRO/FSDP (DDP's buckets and ZeRO's partitions keep gradient
-    storage alive), no gradient accumulation, no generation (peaks_at_backward_start). There the peak is the larger of the backward's start (the
-    forward's bytes + the head's gradient) and its end (every gradient and the stage's weights, the
-    activations freed): as the backward walks down the layers each one frees its activations and allocates
-    its gradients, so the peak is at one of the two ends."""
+    `grads`) unless the peak is provably at the start of the backward (peaks_at_backward_start; DDP's buckets
+    and ZeRO's partitions keep gradient storage alive, accumulation keeps the gradients). There the peak is
+    the larger of the backward's start (the forward's bytes + the head's gradient) and its end (every
+    gradient and the stage's weights, the activations freed): as the backward walks down the layers each one
+    frees its activations and allocates its gradients, so the peak is at one of the two ends."""
     if not peaks_at_backward_start(s):
         return grads
     head = 0.0
@@ -417,9 +419,7 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
     if s.loss_path == "value_head":
         # the margin was fitted on a bf16 model; classic AMP's residual stream is fp32, twice the bytes (the
         # traced full rm run, snap_r4_rm_0.5b_full_mb4: 0.82 GiB above the bf16 margin's 0.79)
-        widen = (
-            mem.FP32_BYTES / mem.BF16_BYTES if s.fp32_model_weights and s.finetuning_type != "lora" else 1.0
-        )
+        widen = mem.FP32_BYTES / mem.BF16_BYTES if _classic_amp(s) else 1.0
         hidden_states = (
             widen * mem.VALUE_HEAD_MARGIN_BYTES * tokens * spec.hidden_size * (spec.num_layers + 1)
         )

@@ -206,15 +206,15 @@ def note(spec: ModelSpec, scope: str) -> str:
     if not layers.converted:
         return f"fp8 ({scope}): no Linear layer converts ({kept}): weights, activations and speed are bf16's"
     names = ", ".join(name for name, *_ in layers.converted)
+    factor = scope_time_factor(spec, scope)
     if scope == "frozen-base":
         what = (
             f"{names} in FP8: {layers.weight_bytes / mem.GIB:.2f} GiB (1 B/param + an fp32 scale per output "
             f"row) instead of {mem.BF16_BYTES * layers.params / mem.GIB:.2f} GiB bf16"
         )
-        speed = f"step time x{scope_time_factor(spec, scope):.2f} (rough)"
+        speed = f"step time x{factor:.2f} (rough)"
     else:
         what = f"{names}: GEMMs in FP8 (torchao), weights stay bf16"
-        factor = scope_time_factor(spec, scope)
         speed = f"step time x{factor:.2f} of bf16's, slower (rough, uncompiled): {float8_training_measured()}"
     return f"fp8 ({scope}): {what}; {speed}" + (f"; kept bf16 ({kept})" if kept else "")
 

@@ -24,6 +24,7 @@ from lmstack.plan.advice import (
     METHOD_CHANGE_MIN_SPEEDUP,
     checkpoint_gib,
     label,
+    own_masters,
     reason,
     unsupported,
     yaml_changes,
@@ -370,10 +371,8 @@ def _precision_of_row(req: PlanRequest, s: Setup) -> Setup:
     optimizer's masters under master_weights: auto only without gradient accumulation (their bf16 gradients
     would accumulate in bf16), else classic AMP (fp32 weights in the model), which is also what a config that
     blocks the masters for another reason runs. FSDP rows (MixedPrecision's own masters) and LoRA keep theirs."""
-    if s.finetuning_type == "lora" or s.fsdp is not None:
-        return s
-    if s.deepspeed_stage is not None:
-        return replace(s, fp32_model_weights=False)
+    if own_masters(s):
+        return replace(s, fp32_model_weights=False) if s.deepspeed_stage is not None else s
     if req.masters_unless_accumulating:
         return replace(s, fp32_model_weights=s.optimizer_batch > s.micro_batch)
     if req.classic_amp_alone:
