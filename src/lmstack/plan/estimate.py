@@ -300,6 +300,16 @@ def _recompute_layer_bytes(spec: ModelSpec, s: Setup) -> float:
     return train_tokens(s) * per_layer * activation_factor(s)
 
 
+def _recompute_backward_bytes(spec: ModelSpec, s: Setup) -> float:
+    """What a recomputed layer's backward allocates at its start on top of it (transformers' own SwiGLU: 4i +
+    4h per token, memory.stock_recompute_backward_bytes_per_token); Liger's kernels allocate none of it."""
+    if _liger(s):
+        return 0.0
+    return train_tokens(s) * mem.stock_recompute_backward_bytes_per_token(
+        spec.hidden_size, spec.intermediate_size
+    )
+
+
 def _activation_layers(spec: ModelSpec, s: Setup) -> int:
     """Layers whose activations are kept (freeze-tuning: none below the first trainable one)."""
     if s.finetuning_type == "freeze":
@@ -345,10 +355,11 @@ def activations(spec: ModelSpec, s: Setup) -> float:
             tokens, _activation_layers(spec, s), per_layer, spec.hidden_size, False, factor
         )
     kept, recomputed = kept_recomputed(spec, s)
-    stock = mem.stock_backward_start_bytes_per_token(spec.hidden_size, spec.intermediate_size)
-    start = 0 if _liger(s) else stock  # Liger's norm/SwiGLU backward allocate none of it
+    h = spec.hidden_size
+    start = 0 if _liger(s) else mem.stock_backward_start_bytes_per_token(h, spec.intermediate_size)
+    recompute = _recompute_backward_bytes(spec, s) / tokens
     return mem.partial_checkpoint_bytes(
-        tokens, kept, recomputed, per_layer, spec.hidden_size, factor, s.checkpoint_offload, start
+        tokens, kept, recomputed, per_layer, h, factor, s.checkpoint_offload, start, recompute
     )
 
 
@@ -430,10 +441,21 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
         logits = mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce, zero3=s.deepspeed_stage == 3)
     if s.gradient_checkpointing and s.fused_ce and kept_recomputed(spec, s)[0] == 0:
         # the fused loss runs at the end of the forward, the one-layer recompute during the backward:
-        # they never coexist, so only the part of the loss chunk above that layer adds to the peak
-        # (with layers keeping their activations the loss adds to those: partial checkpointing)
-        logits = max(0.0, logits - _recompute_layer_bytes(spec, s))
+        # they never coexist, so only the part of the loss chunk above that layer (and its backward's first
+        # allocations) adds to the peak (with layers keeping their activations the loss adds to those:
+        # partial checkpointing)
+        logits = max(0.0, logits - _recompute_layer_bytes(spec, s) - _recompute_backward_bytes(spec, s))
     return logits
+
+
+def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ...]:
+    """The explicit margin of an accumulating micro-batch under classic AMP without ZeRO/FSDP (memory.
+    ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES: what the traced runs showed and the activation model misses)."""
+    sharded = s.fsdp is not None or (s.deepspeed_stage or 0) > 0
+    if not _classic_amp(s) or s.optimizer_batch <= s.micro_batch or sharded:
+        return ()
+    margin = mem.ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES * spec.num_params
+    return (("margin: accumulating micro-batch under classic AMP (2 B/param, traced)", margin),)
 
 
 def estimate(spec: ModelSpec, s: Setup) -> Estimate:
@@ -447,6 +469,7 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     optim = st.optim + _step_transient(spec, s, acts + logits)
     terms = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s))
     terms += fp8_estimate.transient_terms(spec, s, train_tokens(s))
+    terms += accumulation_terms(spec, s)
     frag = mem.FRAGMENTATION_FACTOR if s.packed else mem.UNPACKED_FRAGMENTATION_FACTOR
     if s.expandable_segments:
         frag = mem.EXPANDABLE_FRAGMENTATION_FACTOR

@@ -127,6 +127,19 @@ PREF_NLL_BYTES_PER_CHOSEN = FP32_BYTES
 # + this temporary are 34.5 (predicted 28.75 without it).
 FOREACH_ADAM_TEMP_BYTES = FP32_BYTES
 
+# Gradient accumulation under classic AMP (fp32 weights in the model, autocast; what master_weights: auto
+# runs when micro-batches accumulate): a margin, not a derived term. Traced on the H200
+# (plan_accuracy.json, snap_r6_sft_0.5b_full_mb4_ga4 against snap_sft_0.5b_full_mb4_amp, the same step
+# without accumulation): an accumulating micro-batch peaks where the one-step run does (the chunked loss at
+# the end of the forward), plus exactly the earlier micro-batches' fp32 gradients. The planner counts those
+# gradients in both runs; without accumulation that over-count (they are not allocated yet at that peak)
+# covers what its activation model misses under classic AMP with transformers' own kernels (the traced
+# activations were 1.16x the planner's, autocast's bf16 weight copies among them), so the one-step run was
+# +2.8% and the accumulating ones -4.8% (SFT, 0.5B, 8,192 tokens) and -6.3% (ORPO, 4,096 tokens). Both
+# misses were ~2.6 B per parameter at two token counts: this margin is 2 B per parameter (the bf16 copy of
+# each weight that autocast saves for the backward), which leaves them at -1.2% and -1.8%.
+ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES = BF16_BYTES
+
 # --- overhead (REFERENCE 7.4): margins for what the planner does not model term by term ------
 CUDA_CONTEXT_GIB = 1.0  # CUDA context + cuBLAS/NCCL workspaces: 0.5-1.5 GB measured range
 # caching-allocator reserved vs allocated (web calculators: 5-25%). The H200 runs reserved 1.02-1.04x
@@ -332,14 +345,35 @@ def offload_pending_bytes(tokens: int, offloaded_layers: int, kept_layers: int, 
 # 5.66 -> 5.99. With every layer recomputed the peak is a recompute, after this (activation_bytes).
 STOCK_NORM_BACKWARD_FP32_COPIES = 6  # the saved fp32 input + five fp32 temporaries of the backward
 STOCK_SWIGLU_BACKWARD_INTERMEDIATE_COPIES = 2  # (3 grads - the freed saved product) x 2i bf16 = 4i
+# With every layer recomputed (full checkpointing) the peak is the top layer's recompute: the checkpointed
+# inputs, that layer's full activations, and on top its backward's first allocations -- with transformers'
+# own SwiGLU the same 4i + 2h as above, plus the gradient of the layer's output that the backward holds
+# meanwhile (bf16, 2h): 4i + 4h per token. Traced on CPU (tests/unit/plan/test_partial_backward_peak.py,
+# three widths: the peak less the inputs and one layer came to 4i + 4h within 4%); measured on the H200,
+# r6_sft_unpacked_7b_lora_mb8_ckpt (plan_accuracy.json, 13,360 tokens, no Liger) peaked 1.06 GiB above the
+# planner without it (-5.1%); 4i + 4h = 1.12 GiB (+0.3%). Liger's SwiGLU backward allocates none of it.
+STOCK_RECOMPUTE_OUTPUT_GRAD_BYTES = BF16_BYTES  # per hidden unit: the layer output's gradient
+
+
+def stock_swiglu_backward_bytes_per_token(hidden: int, intermediate: int) -> int:
+    """What transformers' own SwiGLU backward allocates at its start, per token: 4i + 2h (derivation above)."""
+    return BF16_BYTES * (STOCK_SWIGLU_BACKWARD_INTERMEDIATE_COPIES * intermediate + hidden)
 
 
 def stock_backward_start_bytes_per_token(hidden: int, intermediate: int) -> int:
     """Bytes per token that the start of the backward adds to the kept activations with transformers' own
     RMSNorm and SwiGLU (no Liger): max(final norm 24h, top layer's SwiGLU 4i + 2h) (derivation above)."""
     norm = STOCK_NORM_BACKWARD_FP32_COPIES * FP32_BYTES * hidden
-    swiglu = BF16_BYTES * (STOCK_SWIGLU_BACKWARD_INTERMEDIATE_COPIES * intermediate + hidden)
-    return max(norm, swiglu)
+    return max(norm, stock_swiglu_backward_bytes_per_token(hidden, intermediate))
+
+
+def stock_recompute_backward_bytes_per_token(hidden: int, intermediate: int) -> int:
+    """Bytes per token on top of a recomputed layer when its backward starts, transformers' own SwiGLU (no
+    Liger): 4i + 2h + the output's gradient 2h = 4i + 4h (derivation above)."""
+    return (
+        stock_swiglu_backward_bytes_per_token(hidden, intermediate)
+        + STOCK_RECOMPUTE_OUTPUT_GRAD_BYTES * hidden
+    )
 
 
 def partial_checkpoint_bytes(
@@ -351,6 +385,7 @@ def partial_checkpoint_bytes(
     factor: float = 1.0,
     offload: bool = False,
     backward_start_per_token: float = 0.0,
+    recompute_backward_per_token: float = 0.0,
 ) -> float:
     """GPU activation bytes with only ``recomputed`` of the layers checkpointed (the first ones) and ``kept``
     layers (the last ones) keeping their activations: the peak is the start of the backward, kept x full +
@@ -358,13 +393,15 @@ def partial_checkpoint_bytes(
     prefetched one) + what the first backward kernels allocate on top (``backward_start_per_token``:
     stock_backward_start_bytes_per_token without Liger, 0 with it). Later in the backward the kept layers
     are freed before the first recompute, so the recomputed layer never adds to them. ``kept`` = 0 is full
-    checkpointing (activation_bytes: its peak is a recompute)."""
+    checkpointing (activation_bytes: its peak is a recompute, with ``recompute_backward_per_token`` on top:
+    stock_recompute_backward_bytes_per_token without Liger, 0 with it)."""
     inputs = checkpointed_bytes_per_token_layer(hidden)
     if kept == 0 and offload:
         gpu, _ = offloaded_checkpoint_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, factor)
-        return gpu
+        return gpu + tokens * recompute_backward_per_token
     if kept == 0:
-        return activation_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, True, factor)
+        every = activation_bytes(tokens, recomputed, full_layer_bytes_per_token, hidden, True, factor)
+        return every + tokens * recompute_backward_per_token
     held = (1 + OFFLOAD_PREFETCH_LAYERS) if offload else recomputed
     per_token = kept * full_layer_bytes_per_token * factor + min(held, recomputed) * inputs
     return tokens * (per_token + backward_start_per_token)

@@ -265,3 +265,31 @@ def test_each_searched_strategy_is_estimated_with_its_own_precision_scheme(tmp_p
     zero = [c for c in accumulating.candidates
             if c.setup.deepspeed_stage is not None and c.setup.finetuning_type == "full"]  # fmt: skip
     assert zero and all(not c.setup.fp32_model_weights for c in zero)
+
+
+def test_an_accumulating_classic_amp_step_carries_its_named_margin(specs) -> None:
+    """Gradient accumulation under classic AMP (what master_weights: auto runs there) adds the explicit
+    margin the H200 traces call for (memory.ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES, 2 B/param), as a named row
+    of the breakdown; not without accumulation, not for LoRA (bf16 base), not under ZeRO/FSDP (their own
+    precision scheme), not with the optimizer's masters."""
+    from dataclasses import replace
+
+    spec = specs["qwen2.5-0.5b"]
+    amp = Setup(
+        finetuning_type="full", fp32_model_weights=True, micro_batch=4, optimizer_batch=16, seq_len=2048
+    )
+
+    def margin(s: Setup) -> float:
+        return sum(v for name, v in estimate(spec, s).gpu.terms if name.startswith("margin: accumulating"))
+
+    assert margin(amp) * mem.GIB == pytest.approx(2 * spec.num_params)
+    one_step = estimate(spec, replace(amp, optimizer_batch=4)).gpu
+    assert estimate(spec, amp).gpu.allocated - one_step.allocated == pytest.approx(margin(amp))
+    for other in (
+        replace(amp, optimizer_batch=4),  # one micro-batch per step
+        replace(amp, finetuning_type="lora"),
+        replace(amp, deepspeed_stage=2, num_gpus=2),
+        replace(amp, fsdp="FULL_SHARD", num_gpus=2),
+        replace(amp, fp32_model_weights=False),  # bf16 weights, the optimizer's masters
+    ):
+        assert margin(other) == 0.0, other
