@@ -379,7 +379,8 @@ STAGES_R6 = [
 # Round 7 (next): runs new to the planner after round 6's fixes -- gradient accumulation under classic AMP
 # (memory.ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES) at another size and on every stage's loss path, and full
 # checkpointing with transformers' own SwiGLU (memory.stock_recompute_backward_bytes_per_token) packed,
-# unpacked and under TRL's loss heads; ordered by what matters most if the budget runs out
+# unpacked and under TRL's loss heads; ordered by what matters most if the budget runs out (the four its
+# budget left moved to round 8)
 STAGES_R7 = [
     ("r7_sft_1.5b_full_mb2_ga4", S15, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=2,
                                             gradient_accumulation_steps=4), True),
@@ -404,14 +405,38 @@ STAGES_R7 = [
                                              gradient_checkpointing=True, **EPOCH), True),
     ("r7_sft_0.5b_full_mb8_ckpt_ga2", S05, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=8,
                                                  gradient_accumulation_steps=2, gradient_checkpointing=True), True),
-    ("r7_simpo_0.5b_full_mb4", S05, dict(stage="dpo", pref_loss="simpo", finetuning_type="full", **PAIR,
+]  # fmt: skip
+# Round 8 (next): runs new to the planner after round 7's fix (estimate.recompute_phase_bytes: with full
+# checkpointing the loss head and the reference forward count only above the recompute) -- that rule on
+# DPO/KTO/ORPO at other sizes and on full fine-tunes, the accumulation margin again -- and the four runs
+# round 7's budget left, renamed (they were never run)
+STAGES_R8 = [
+    ("r8_dpo_0.5b_lora_mb8_ckpt", S05, dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=8,
+                                             gradient_checkpointing=True, **EPOCH), True),
+    ("r8_simpo_0.5b_full_mb4", S05, dict(stage="dpo", pref_loss="simpo", finetuning_type="full", **PAIR,
                                           per_device_train_batch_size=4, learning_rate=1e-6, **EPOCH), True),
-    ("r7_kto_1.5b_full_mb2", S15, dict(stage="kto", dataset="synth_kto", finetuning_type="full", packing=False,
-                                        cutoff_len=1024, per_device_train_batch_size=2, learning_rate=1e-6, **EPOCH), True),
-    ("r7_sft_0.5b_lora_mb16_ckpt_ga2", S05, dict(stage="sft", **LORA, per_device_train_batch_size=16,
+    ("r8_orpo_0.5b_full_mb4_ckpt", S05, dict(stage="dpo", pref_loss="orpo", finetuning_type="full", **PAIR,
+                                              per_device_train_batch_size=4, gradient_checkpointing=True,
+                                              learning_rate=1e-6, **EPOCH), True),
+    ("r8_kto_1.5b_lora_mb8_ckpt", S15, dict(stage="kto", dataset="synth_kto", **LORA, packing=False, cutoff_len=1024,
+                                             per_device_train_batch_size=8, gradient_checkpointing=True, **EPOCH), True),
+    ("r8_sft_0.5b_lora_mb16_ckpt_ga2", S05, dict(stage="sft", **LORA, per_device_train_batch_size=16,
                                                   gradient_accumulation_steps=2, gradient_checkpointing=True), True),
-    ("r7_grpo_0.5b_lora_mb8_ckpt", S05, dict(**{**GRPO, "max_new_tokens": 64}, **LORA, per_device_train_batch_size=8,
+    ("r8_dpo_1.5b_full_mb2_ckpt", S15, dict(stage="dpo", pref_loss="sigmoid", finetuning_type="full", **PAIR,
+                                             per_device_train_batch_size=2, gradient_checkpointing=True,
+                                             learning_rate=1e-6, **EPOCH), True),
+    ("r8_sft_1.5b_full_mb4_ga2", S15, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=4,
+                                            gradient_accumulation_steps=2), True),
+    ("r8_kto_1.5b_full_mb2", S15, dict(stage="kto", dataset="synth_kto", finetuning_type="full", packing=False,
+                                        cutoff_len=1024, per_device_train_batch_size=2, learning_rate=1e-6, **EPOCH), True),
+    ("r8_rm_1.5b_full_mb2_ga2", S15, dict(stage="rm", finetuning_type="full", **PAIR, per_device_train_batch_size=2,
+                                           gradient_accumulation_steps=2, learning_rate=1e-6, **EPOCH), True),
+    ("r8_grpo_0.5b_lora_mb8_ckpt", S05, dict(**{**GRPO, "max_new_tokens": 64}, **LORA, per_device_train_batch_size=8,
                                               gradient_checkpointing=True, _steps=3, **EPOCH), True),
+    ("r8_dpo_7b_lora_mb2_ckpt", S7, dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=2,
+                                          gradient_checkpointing=True, **EPOCH), True),
+    ("r8_sft_unpacked_7b_lora_mb4", S7, dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=4,
+                                              **EPOCH), True),
 ]  # fmt: skip
 # Diagnostics (not predictions): the planner's largest errors run again with a memory trace, so the peak's
 # live blocks can be named by the code that allocated them (`peak_breakdown` in the row, basis "diagnostic")
@@ -766,6 +791,7 @@ def main_stages(args) -> None:
         "r5": STAGES_R5,
         "r6": STAGES_R6,
         "r7": STAGES_R7,
+        "r8": STAGES_R8,
         "all": STAGES + STAGES_R4,
         "snap": STAGES_SNAP,
         "snap6": STAGES_SNAP6,
@@ -822,7 +848,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("assets", nargs="?", default=None)
     ap.add_argument(
-        "--set", default="stages", choices=["stages", "r4", "r5", "r6", "r7", "all", "snap", "snap6"]
+        "--set", default="stages", choices=["stages", "r4", "r5", "r6", "r7", "r8", "all", "snap", "snap6"]
     )
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=str(Path(REPO) / "bench" / "results" / "plan_accuracy.json"))

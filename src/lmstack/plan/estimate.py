@@ -416,8 +416,8 @@ def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -
     return max(head, grads - forward)
 
 
-def loss_bytes(spec: ModelSpec, s: Setup) -> float:
-    """The loss head's peak: logits / chunked CE (lm), TRL's fused log-probs, full logits, value head."""
+def _loss_head_bytes(spec: ModelSpec, s: Setup) -> float:
+    """The loss head's own peak: logits / chunked CE (lm), TRL's fused log-probs, full logits, value head."""
     tokens = train_tokens(s)
     full = s.finetuning_type == "full"
     if s.loss_path == "trl_logprob":
@@ -436,16 +436,28 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
         )
         return mem.VALUE_HEAD_INPUT_BYTES * tokens * spec.hidden_size + hidden_states
     if s.fused_ce and not _liger(s):  # lmstack's chunked linear CE (models/kernels.py)
-        logits = mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
-    else:
-        logits = mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce, zero3=s.deepspeed_stage == 3)
-    if s.gradient_checkpointing and s.fused_ce and kept_recomputed(spec, s)[0] == 0:
-        # the fused loss runs at the end of the forward, the one-layer recompute during the backward:
-        # they never coexist, so only the part of the loss chunk above that layer (and its backward's first
-        # allocations) adds to the peak (with layers keeping their activations the loss adds to those:
-        # partial checkpointing)
-        logits = max(0.0, logits - _recompute_layer_bytes(spec, s) - _recompute_backward_bytes(spec, s))
-    return logits
+        return mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
+    return mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce, zero3=s.deepspeed_stage == 3)
+
+
+def recompute_phase_bytes(spec: ModelSpec, s: Setup) -> float | None:
+    """With every layer recomputed (full checkpointing; offloaded or not): what the backward's recompute
+    holds above the checkpointed inputs -- one layer's full activations and its backward's first allocations.
+    The loss head and the no-grad reference forwards of the stages run before the backward and are freed by
+    the time the first layer recomputes, so they never coexist with it: only what they add above it counts.
+    None otherwise (no checkpointing; partial checkpointing, whose kept layers the loss adds to). The value
+    head (rm) keeps the summed rows: its margin was fitted on runs without checkpointing."""
+    if not s.gradient_checkpointing or kept_recomputed(spec, s)[0] or s.loss_path == "value_head":
+        return None
+    return _recompute_layer_bytes(spec, s) + _recompute_backward_bytes(spec, s)
+
+
+def loss_bytes(spec: ModelSpec, s: Setup) -> float:
+    """The loss head's bytes on top of the activations: all of its peak, or with full checkpointing only
+    what rises above the recompute it never meets (recompute_phase_bytes)."""
+    logits = _loss_head_bytes(spec, s)
+    recompute = recompute_phase_bytes(spec, s)
+    return logits if recompute is None else max(0.0, logits - recompute)
 
 
 def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ...]:
@@ -455,7 +467,7 @@ def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ..
     if not _classic_amp(s) or s.optimizer_batch <= s.micro_batch or sharded:
         return ()
     margin = mem.ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES * spec.num_params
-    return (("margin: accumulating micro-batch under classic AMP (2 B/param, traced)", margin),)
+    return (("margin: accumulating under classic AMP (2 B/param)", margin),)
 
 
 def estimate(spec: ModelSpec, s: Setup) -> Estimate:
@@ -467,7 +479,9 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     acts = activations(spec, s)
     logits = loss_bytes(spec, s)
     optim = st.optim + _step_transient(spec, s, acts + logits)
-    terms = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s))
+    recompute = recompute_phase_bytes(spec, s)  # full checkpointing: the backward's headroom over the loss
+    headroom = 0.0 if recompute is None else max(0.0, recompute - _loss_head_bytes(spec, s))
+    terms = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s), headroom)
     terms += fp8_estimate.transient_terms(spec, s, train_tokens(s))
     terms += accumulation_terms(spec, s)
     frag = mem.FRAGMENTATION_FACTOR if s.packed else mem.UNPACKED_FRAGMENTATION_FACTOR

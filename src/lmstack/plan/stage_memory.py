@@ -72,17 +72,21 @@ def _generation_phase(spec: ModelSpec, s: Setup) -> tuple[float, str]:
 
 
 def stage_terms(
-    spec: ModelSpec, s: Setup, train_phase: float, layer_bytes: float
+    spec: ModelSpec, s: Setup, train_phase: float, layer_bytes: float, headroom: float = 0.0
 ) -> tuple[tuple[str, float], ...]:
     """The named rows `s.stage` adds to the SFT-shaped estimate (bytes). `train_phase`: the training
-    forward/backward's activations + loss bytes; `layer_bytes`: one layer's full activations of the batch."""
+    forward/backward's activations + loss bytes; `layer_bytes`: one layer's full activations of the batch;
+    `headroom`: with full checkpointing, how far the backward's recompute rises above the loss head
+    (estimate.recompute_phase_bytes) -- the reference forward runs between the policy's forward and its
+    backward, next to the checkpointed inputs and the loss head, so only its part above that headroom adds."""
     rows: list[tuple[str, float]] = []
     if s.reference == "copy":
         rows.append(("reference model weights (frozen copy)", mem.BF16_BYTES * spec.num_params / _sharded(s)))
     if s.stage in ("dpo", "kto") and s.reference != "none":
         passes = "KL batch + batch, one at a time" if s.kl_batch else "the batch"
-        rows.append((f"reference forward, no grad ({passes}), over the held activations",
-                     _no_grad_forward(spec, s, layer_bytes)))  # fmt: skip
+        where = "above the recompute" if headroom else "over the held activations"
+        rows.append((f"reference forward, no grad ({passes}), {where}",
+                     max(0.0, _no_grad_forward(spec, s, layer_bytes) - headroom)))  # fmt: skip
     if s.kl_batch:  # before the policy's forward: only its excess over the training phase counts
         rows.append(("KL batch forward, no grad (before the policy forward)",
                      max(0.0, _no_grad_forward(spec, s, layer_bytes) - train_phase)))  # fmt: skip
