@@ -103,6 +103,12 @@ TRL_LOGPROB_TOKEN_TILE = 4096
 TRL_LOGPROB_VOCAB_TILE = 32768
 TRL_LOGPROB_HIDDEN_BYTES = BF16_BYTES + FP32_BYTES  # saved hidden[mask] + its fp32 gradient
 TRL_LOGPROB_HEAD_GRAD_BYTES = FP32_BYTES + BF16_BYTES
+# A no-grad forward (DPO/KTO's reference, KTO's KL batch) holds one layer's working set at a time, not what
+# the layer saves for a backward: its peak, less the layer's input, traced on CPU through the real model
+# (tests/unit/plan/test_stage_memory.py) was 0.74-0.79x of one layer's kept activations at LLM-like widths
+# (intermediate 8-12x hidden; full and LoRA) and 0.83x at 2x: 0.8 kept. The recorded H200 runs with a
+# reference forward moved by 0.1-0.7 points each (round 7's checkpointed DPO 1.5B LoRA +5.8% -> +2.5%).
+NO_GRAD_FORWARD_LAYER_SHARE = 0.8
 # KV cache while generating (grpo/rloo/ppo rollouts): K and V, bf16, per token per layer per KV dim.
 KV_CACHE_BYTES = 2 * BF16_BYTES
 # Sampling keeps the last position's logits in fp32 and their softmax/top-p copy: 2 x 4 B per vocab entry.

@@ -51,11 +51,11 @@ def _sharded(s: Setup) -> int:
 
 
 def _no_grad_forward(spec: ModelSpec, s: Setup, layer_bytes: float) -> float:
-    """One decoder layer's working set of the batch (what a no-grad forward holds at once) + one tile
-    of TRL's log-prob head."""
+    """One decoder layer's working set of the batch (what a no-grad forward holds at once: a share of the
+    layer's activations, memory.NO_GRAD_FORWARD_LAYER_SHARE) + one tile of TRL's log-prob head."""
     tokens = s.micro_batch * s.rows_per_example * s.seq_len
     tile = min(tokens, mem.TRL_LOGPROB_TOKEN_TILE) * min(spec.vocab_size, mem.TRL_LOGPROB_VOCAB_TILE)
-    return layer_bytes + mem.BF16_BYTES * tile
+    return mem.NO_GRAD_FORWARD_LAYER_SHARE * layer_bytes + mem.BF16_BYTES * tile
 
 
 def _generation_phase(spec: ModelSpec, s: Setup) -> tuple[float, str]:

@@ -225,3 +225,38 @@ def test_full_checkpointing_counts_the_loss_head_and_the_reference_only_above_th
     assert plain.logits * mem.GIB == pytest.approx(
         _loss_head_bytes(spec, replace(s, gradient_checkpointing=False))
     )
+
+
+@pytest.mark.parametrize("hidden,intermediate", [(128, 1536), (256, 2048)])
+def test_a_no_grad_forward_holds_a_share_of_one_layer(tmp_path, hidden, intermediate, live_bytes):
+    """The reference forward's working set (stage_memory._no_grad_forward): a no-grad forward through the real
+    decoder peaks below one layer's kept activations of the same batch -- within NO_GRAD_FORWARD_LAYER_SHARE
+    (0.8) and not far below it, so the share neither under- nor much over-states it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmstack.tiny import build_tiny_model
+
+    layers, rows, seq = 4, 2, 256
+    path = build_tiny_model(tmp_path / "m", data_dir=None, hidden_size=hidden, intermediate_size=intermediate,
+                            num_hidden_layers=layers)  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa")
+    ids = torch.randint(3, model.config.vocab_size, (rows, seq))
+    decoder = model.get_decoder()
+    kept: list[int] = []
+    model.train()
+    tracker = live_bytes(model)
+    decoder.norm.register_forward_pre_hook(
+        lambda _, a: kept.append(tracker.live - a[0].untyped_storage().nbytes())
+    )
+    with tracker.mode:
+        decoder(input_ids=ids)  # with grad: what the layers keep for the backward
+    per_layer = kept[0] / layers
+    model.eval()
+    no_grad = live_bytes(model)
+    with no_grad.mode, torch.no_grad():
+        decoder(input_ids=ids)
+    share = no_grad.peak / per_layer
+    print(f"no-grad forward peak / one layer's kept activations: {share:.3f}")
+    assert 0.7 * mem.NO_GRAD_FORWARD_LAYER_SHARE <= share <= mem.NO_GRAD_FORWARD_LAYER_SHARE, share
