@@ -153,7 +153,9 @@ def _single_process_scheme(plan: RunPlan) -> tuple[bool, bool]:
     cfg, t = plan.cfg, plan.cfg.training
     if plan.device != "cuda" or cfg.finetuning.finetuning_type not in ("full", "freeze"):
         return False, False
-    mixed = (t.bf16 or t.fp16) and not cfg.finetuning.pure_bf16
+    # fp32 weights in the model need the model loaded in fp32: pure_bf16 and BAdam keep theirs in half
+    # precision (decide.precision's keep_half), whatever blocks the masters
+    mixed = (t.bf16 or t.fp16) and not cfg.finetuning.pure_bf16 and not cfg.finetuning.use_badam
     blockers = set(decide.master_weight_blockers(cfg, plan.stage, None, False))
     if t.master_weights == "auto" and blockers <= {"gradient_accumulation_steps: 1"}:
         return True, False
