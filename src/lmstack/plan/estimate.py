@@ -311,8 +311,12 @@ def _recompute_backward_bytes(spec: ModelSpec, s: Setup) -> float:
 
 
 def _activation_layers(spec: ModelSpec, s: Setup) -> int:
-    """Layers whose activations are kept (freeze-tuning: none below the first trainable one)."""
-    if s.finetuning_type == "freeze":
+    """Layers whose activations are kept (freeze-tuning: none below the first trainable one). With
+    checkpointing every layer records: train/common.enable_gradient_checkpointing makes the embedding output
+    require grad (enable_input_require_grads) for every method but full, so each frozen layer keeps its
+    checkpointed input, or its activations where it is not checkpointed (traced, tests/unit/plan/
+    test_review7.py; a frozen layer saves less than a trainable one: counted as one, on the safe side)."""
+    if s.finetuning_type == "freeze" and not s.gradient_checkpointing:
         return min(s.freeze_trainable_layers, spec.num_layers)
     return spec.num_layers
 
@@ -327,7 +331,8 @@ def recomputed_layers(spec: ModelSpec, s: Setup) -> int:
 
 def kept_recomputed(spec: ModelSpec, s: Setup) -> tuple[int, int]:
     """(layers keeping their activations, layers recomputed) among the layers that store activations (the
-    last _activation_layers of the stack: freeze-tuning stores none below its first trainable layer)."""
+    last _activation_layers of the stack: freeze-tuning without checkpointing stores none below its first
+    trainable layer)."""
     layers = _activation_layers(spec, s)
     recomputed = max(0, recomputed_layers(spec, s) - (spec.num_layers - layers))
     return layers - recomputed, recomputed

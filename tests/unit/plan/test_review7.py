@@ -5,12 +5,14 @@ AMP, the loss head above the recompute): the cases where they gave a wrong numbe
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from lmstack.config.load import build_config
 from lmstack.plan import memory as mem
 from lmstack.plan import plan
+from lmstack.plan.estimate import Setup
 from lmstack.plan.whatif import plan_for, request_from_config
 
 
@@ -48,3 +50,58 @@ def test_badam_keeps_its_bf16_weights_in_every_row(qwen):
     assert gpu.weights * mem.GIB == pytest.approx(2 * result.request.spec.num_params, rel=1e-3)
     badam = [c for c in result.candidates if c.setup.optimizer == "badam" and c.setup.deepspeed_stage is None]
     assert badam and all(not c.setup.fp32_model_weights for c in badam)
+
+
+def _freeze_kept_bytes(path, live_bytes, checkpoint_layers: int | None) -> float:
+    """Bytes per token the decoder layers leave for the backward (live when the final norm starts, less its
+    input) in one freeze-tuning step, last layer trainable, every layer (None) or the first k checkpointed,
+    set up in train/sft.py's order (lmstack's enable_gradient_checkpointing, then the freeze)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmstack.launch.context import LaunchContext
+    from lmstack.models.adapters import setup_finetuning
+    from lmstack.plan.runplan import RunPlan
+    from lmstack.train.common import enable_gradient_checkpointing
+
+    yaml = dict(output_dir="o", template="qwen", stage="sft", finetuning_type="freeze", freeze_trainable_layers=1,
+                bf16=True, model_name_or_path=str(path))  # fmt: skip
+    p = RunPlan.resolve(build_config(yaml), LaunchContext())
+    p = replace(p, checkpointing=True, checkpoint_layers=checkpoint_layers)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa")
+    enable_gradient_checkpointing(p, model)
+    model = setup_finetuning(p.cfg, model)
+    model.train()
+    tracker, kept = live_bytes(model), []
+    model.get_decoder().norm.register_forward_pre_hook(
+        lambda _, args: kept.append(tracker.live - args[0].untyped_storage().nbytes())
+    )
+    ids = torch.randint(3, model.config.vocab_size, (2, 256))
+    with tracker.mode:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=ids, labels=ids).loss.backward()
+    return kept[0] / ids.numel()
+
+
+def test_freeze_tuning_with_checkpointing_keeps_every_layers_input(tmp_path, live_bytes):
+    """With checkpointing, enable_gradient_checkpointing calls enable_input_require_grads for every method
+    but full: the embedding output requires grad, so the frozen layers below the trainable ones record too.
+    Every layer keeps its checkpointed input (traced: 4 of 4 layers' 2h, with one trainable), and a frozen
+    layer above the checkpointed ones keeps its activations. The planner counted only the trainable layers."""
+    from lmstack.plan.estimate import kept_recomputed
+    from lmstack.plan.model_spec import ModelSpec
+    from lmstack.tiny import build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m", data_dir=None, hidden_size=256, intermediate_size=512,
+                            num_hidden_layers=4)  # fmt: skip
+    spec = ModelSpec.from_pretrained_dir(str(path))
+    s = Setup(finetuning_type="freeze", freeze_trainable_layers=1, gradient_checkpointing=True)
+    inputs = _freeze_kept_bytes(path, live_bytes, None) / mem.checkpointed_bytes_per_token_layer(256)
+    assert inputs == pytest.approx(4, rel=0.1)  # measured 4.26 (the rotary tables besides)
+    assert kept_recomputed(spec, s) == (0, 4)
+    # partial (the first k recompute): the frozen layers k.. above them keep their activations too
+    one, three = (_freeze_kept_bytes(path, live_bytes, k) for k in (1, 3))
+    assert one - three > 2 * mem.checkpointed_bytes_per_token_layer(256) * 2  # layers 1, 2: more than inputs
+    assert kept_recomputed(spec, replace(s, checkpoint_layers=1)) == (3, 1)
+    assert kept_recomputed(spec, replace(s, checkpoint_layers=3)) == (1, 3)
