@@ -467,11 +467,16 @@ def loss_bytes(spec: ModelSpec, s: Setup) -> float:
 
 def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ...]:
     """The explicit margin of an accumulating micro-batch under classic AMP without ZeRO/FSDP (memory.
-    ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES: what the traced runs showed and the activation model misses)."""
+    ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES: what the traced runs showed and the activation model misses), per
+    weight whose bf16 copy autocast keeps for the backward: autocast caches the weights that require grad,
+    and freeze-tuning's frozen layers build no graph (or one layer at a time, recomputed), so there only the
+    trainable layers and the head the loss backpropagates through carry it."""
     sharded = s.fsdp is not None or (s.deepspeed_stage or 0) > 0
     if not _classic_amp(s) or s.optimizer_batch <= s.micro_batch or sharded:
         return ()
-    margin = mem.ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES * spec.num_params
+    trainable, _, _ = _trainable_frozen(spec, s)
+    weights = trainable if s.finetuning_type == "full" else trainable + spec.vocab_size * spec.hidden_size
+    margin = mem.ACCUMULATING_CLASSIC_AMP_MARGIN_BYTES * weights
     return (("margin: accumulating under classic AMP (2 B/param)", margin),)
 
 
