@@ -488,12 +488,13 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     st = model_states(spec, s)
     acts = activations(spec, s)
     logits = loss_bytes(spec, s)
-    optim = st.optim + _step_transient(spec, s, acts + logits)
+    accumulation = accumulation_terms(spec, s)  # activations the model misses: freed before the step too
+    optim = st.optim + _step_transient(spec, s, acts + logits + sum(v for _, v in accumulation))
     recompute = recompute_phase_bytes(spec, s)  # full checkpointing: the backward's headroom over the loss
     headroom = 0.0 if recompute is None else max(0.0, recompute - _loss_head_bytes(spec, s))
     terms = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s), headroom)
     terms += fp8_estimate.transient_terms(spec, s, train_tokens(s))
-    terms += accumulation_terms(spec, s)
+    terms += accumulation
     frag = mem.FRAGMENTATION_FACTOR if s.packed else mem.UNPACKED_FRAGMENTATION_FACTOR
     if s.expandable_segments:
         frag = mem.EXPANDABLE_FRAGMENTATION_FACTOR

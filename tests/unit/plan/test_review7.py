@@ -12,7 +12,7 @@ import pytest
 from lmstack.config.load import build_config
 from lmstack.plan import memory as mem
 from lmstack.plan import plan
-from lmstack.plan.estimate import Setup
+from lmstack.plan.estimate import Setup, estimate
 from lmstack.plan.whatif import plan_for, request_from_config
 
 
@@ -125,3 +125,20 @@ def test_freeze_tuning_accumulation_margin_is_its_trainable_paths(qwen):
         assert result.configured.setup.fp32_model_weights  # classic AMP: accumulation blocks the masters
         grad_path = k * spec.layer_params + spec.vocab_size * spec.hidden_size
         assert _margin(result.configured.estimate.gpu) * mem.GIB == pytest.approx(2 * grad_path)
+
+
+def test_the_accumulation_margin_is_freed_before_the_optimizer_step(specs):
+    """The margin stands for activations the model misses (autocast's bf16 weight copies): the backward
+    frees them like the activations, so torch's multi-tensor AdamW step (sqrt(exp_avg_sq) of every
+    parameter, after the backward) raises the peak only above activations + loss + margin. Where the step
+    is the peak, an accumulating run peaks where the one-step run does; the margin was stacked on it."""
+    from lmstack.plan.estimate import accumulation_terms, activations, loss_bytes
+
+    spec = specs["qwen2.5-0.5b"]
+    acc = Setup(finetuning_type="full", fp32_model_weights=True, adam_foreach=True, micro_batch=1,
+                optimizer_batch=4, seq_len=256, gradient_checkpointing=True, fused_ce=True)  # fmt: skip
+    ((_, margin),) = accumulation_terms(spec, acc)
+    step = mem.FOREACH_ADAM_TEMP_BYTES * spec.num_params
+    assert step > activations(spec, acc) + loss_bytes(spec, acc) + margin  # the step is this run's peak
+    one_step = estimate(spec, replace(acc, optimizer_batch=1)).gpu
+    assert estimate(spec, acc).gpu.allocated == pytest.approx(one_step.allocated)
