@@ -295,9 +295,16 @@ def train_tokens(s: Setup) -> int:
     return s.micro_batch * s.rows_per_example * s.seq_len
 
 
-def _recompute_layer_bytes(spec: ModelSpec, s: Setup) -> float:
+def _layer_bytes_per_token(spec: ModelSpec, s: Setup) -> float:
+    """One decoder layer's full activations per token (eager attention: its s x s scores too)."""
     per_layer = mem.activation_bytes_per_token_layer(spec.hidden_size, spec.kv_dim, spec.intermediate_size)
-    return train_tokens(s) * per_layer * activation_factor(s)
+    if s.attention == "eager":
+        per_layer += mem.eager_attention_bytes_per_token_layer(spec.num_heads, s.seq_len)
+    return per_layer
+
+
+def _recompute_layer_bytes(spec: ModelSpec, s: Setup) -> float:
+    return train_tokens(s) * _layer_bytes_per_token(spec, s) * activation_factor(s)
 
 
 def _recompute_backward_bytes(spec: ModelSpec, s: Setup) -> float:
@@ -351,9 +358,7 @@ def offloaded_activations(spec: ModelSpec, s: Setup) -> float:
 
 def activations(spec: ModelSpec, s: Setup) -> float:
     """Activation bytes per GPU (ZeRO/FSDP do not split activations)."""
-    per_layer = mem.activation_bytes_per_token_layer(spec.hidden_size, spec.kv_dim, spec.intermediate_size)
-    if s.attention == "eager":
-        per_layer += mem.eager_attention_bytes_per_token_layer(spec.num_heads, s.seq_len)
+    per_layer = _layer_bytes_per_token(spec, s)
     tokens, factor = train_tokens(s), activation_factor(s)
     if not s.gradient_checkpointing:
         return mem.activation_bytes(

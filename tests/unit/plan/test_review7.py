@@ -142,3 +142,21 @@ def test_the_accumulation_margin_is_freed_before_the_optimizer_step(specs):
     assert step > activations(spec, acc) + loss_bytes(spec, acc) + margin  # the step is this run's peak
     one_step = estimate(spec, replace(acc, optimizer_batch=1)).gpu
     assert estimate(spec, acc).gpu.allocated == pytest.approx(one_step.allocated)
+
+
+def test_eager_attention_recompute_phase_holds_the_layers_scores(specs):
+    """With every layer recomputed the loss head counts only above the recompute phase; under eager
+    attention the recomputed layer holds its s x s scores too (they are in the activations' recomputed
+    layer), so the phase the loss never meets is that whole layer: the training phase above the
+    checkpointed inputs is the larger of the two, not their partial sum."""
+    from lmstack.plan.estimate import activations, loss_bytes, recompute_phase_bytes, train_tokens
+
+    spec = specs["qwen2.5-0.5b"]
+    s = Setup(
+        finetuning_type="lora", micro_batch=4, seq_len=1024, gradient_checkpointing=True, attention="eager"
+    )
+    inputs = train_tokens(s) * spec.num_layers * mem.checkpointed_bytes_per_token_layer(spec.hidden_size)
+    recompute = activations(spec, s) - inputs  # one layer's full activations, scores included, + its backward
+    assert recompute_phase_bytes(spec, s) == pytest.approx(recompute)
+    head = mem.logits_bytes(train_tokens(s), spec.vocab_size, fused=False)
+    assert activations(spec, s) + loss_bytes(spec, s) == pytest.approx(inputs + max(head, recompute))
