@@ -153,7 +153,8 @@ def _trainable_frozen(spec: ModelSpec, s: Setup) -> tuple[int, int, int]:
     if s.finetuning_type == "full":
         return spec.num_params, 0, 0
     if s.finetuning_type == "freeze":
-        trainable = spec.layer_params * min(s.freeze_trainable_layers, spec.num_layers)
+        # LF's freeze_trainable_layers: k > 0 trains the last k layers, -k the first k
+        trainable = spec.layer_params * min(abs(s.freeze_trainable_layers), spec.num_layers)
         return trainable, spec.num_params - trainable, 0
     target = s.lora_target if isinstance(s.lora_target, str) else list(s.lora_target)
     return 0, spec.num_params, spec.lora_params(s.lora_rank, target)
@@ -322,8 +323,9 @@ def _activation_layers(spec: ModelSpec, s: Setup) -> int:
     checkpointing every layer records: train/common.enable_gradient_checkpointing makes the embedding output
     require grad (enable_input_require_grads) for every method but full, so each frozen layer keeps its
     checkpointed input, or its activations where it is not checkpointed (traced, tests/unit/plan/
-    test_review7.py; a frozen layer saves less than a trainable one: counted as one, on the safe side)."""
-    if s.finetuning_type == "freeze" and not s.gradient_checkpointing:
+    test_review7.py; a frozen layer saves less than a trainable one: counted as one, on the safe side). The
+    first layers trained (freeze_trainable_layers < 0): every layer above them records."""
+    if s.finetuning_type == "freeze" and not s.gradient_checkpointing and s.freeze_trainable_layers > 0:
         return min(s.freeze_trainable_layers, spec.num_layers)
     return spec.num_layers
 

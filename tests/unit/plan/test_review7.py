@@ -160,3 +160,26 @@ def test_eager_attention_recompute_phase_holds_the_layers_scores(specs):
     assert recompute_phase_bytes(spec, s) == pytest.approx(recompute)
     head = mem.logits_bytes(train_tokens(s), spec.vocab_size, fused=False)
     assert activations(spec, s) + loss_bytes(spec, s) == pytest.approx(inputs + max(head, recompute))
+
+
+def test_freeze_tuning_of_the_first_layers(qwen):
+    """freeze_trainable_layers: -k trains the first k layers (LF; models/adapters.apply_freeze): as many
+    trainable parameters as the last k, and every layer above the first trainable one on the graph. The
+    planner took -k as the count: negative gradients, optimizer and activations."""
+    base = dict(model_name_or_path=qwen("0.5b"), output_dir="o", bf16=True, cutoff_len=1024,
+                finetuning_type="freeze", per_device_train_batch_size=4, gradient_checkpointing=False,
+                flash_attn="sdpa")  # fmt: skip
+
+    def gpu(**kw):
+        return plan(request_from_config(build_config({**base, **kw}), 1, 80)).configured.estimate.gpu
+
+    last, first, full = (
+        gpu(freeze_trainable_layers=2),
+        gpu(freeze_trainable_layers=-2),
+        gpu(finetuning_type="full"),
+    )
+    assert first.gradients == pytest.approx(last.gradients) and first.optimizer == pytest.approx(
+        last.optimizer
+    )
+    assert first.activations == pytest.approx(full.activations)  # all 24 layers above layer 0 record
+    assert last.activations < first.activations / 5
