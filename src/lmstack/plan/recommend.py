@@ -370,9 +370,11 @@ def _precision_of_row(req: PlanRequest, s: Setup) -> Setup:
     (ZeRO-0 too) hold bf16 weights with the fp32 masters in DeepSpeed's optimizer; single/DDP rows keep the
     optimizer's masters under master_weights: auto only without gradient accumulation (their bf16 gradients
     would accumulate in bf16), else classic AMP (fp32 weights in the model), which is also what a config that
-    blocks the masters for another reason runs. FSDP rows (MixedPrecision's own masters) and LoRA keep theirs."""
+    blocks the masters for another reason runs. FSDP rows keep the fp32 masters in MixedPrecision, bf16 compute
+    weights as a config naming FSDP is estimated (from_config), whatever the configured strategy runs; LoRA
+    keeps its bf16 base (classic AMP never applies to it)."""
     if own_masters(s):
-        return replace(s, fp32_model_weights=False) if s.deepspeed_stage is not None else s
+        return replace(s, fp32_model_weights=False)
     if req.masters_unless_accumulating:
         return replace(s, fp32_model_weights=s.optimizer_batch > s.micro_batch)
     if req.classic_amp_alone:

@@ -183,3 +183,19 @@ def test_freeze_tuning_of_the_first_layers(qwen):
     )
     assert first.activations == pytest.approx(full.activations)  # all 24 layers above layer 0 record
     assert last.activations < first.activations / 5
+
+
+def test_an_fsdp_row_is_estimated_alike_whichever_strategy_the_yaml_names(qwen):
+    """A DDP config that accumulates runs classic AMP (fp32 weights in the model); its searched FSDP rows
+    run FSDP's MixedPrecision like a config that names FSDP, whose row is estimated with bf16 compute
+    weights (from_config: no classic AMP under FSDP). The searched row kept the DDP row's fp32 weights: the
+    same FSDP setup was 14.3 GiB searched and 13.3 GiB configured (0.5B full, 2 GPUs)."""
+    base = dict(model_name_or_path=qwen("0.5b"), output_dir="o", bf16=True, cutoff_len=1024,
+                finetuning_type="full", per_device_train_batch_size=4, gradient_accumulation_steps=4,
+                gradient_checkpointing=False, flash_attn="sdpa")  # fmt: skip
+    ddp = plan(request_from_config(build_config(base), 2, 80))
+    assert ddp.configured.setup.fp32_model_weights  # DDP + accumulation: classic AMP
+    fsdp = plan(request_from_config(build_config({**base, "fsdp": "full_shard auto_wrap"}), 2, 80)).configured
+    assert fsdp.strategy.name == "fsdp_full_shard" and not fsdp.setup.fp32_model_weights
+    same = [c for c in ddp.candidates if replace(c.setup, fp32_model_weights=False) == fsdp.setup]
+    assert same and all(c.estimate.gpu.allocated == pytest.approx(fsdp.estimate.gpu.allocated) for c in same)
