@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
@@ -27,6 +29,21 @@ LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, nu
 def qwen_shapes() -> dict[str, dict]:
     """Qwen2.5 config fields by size, for tests that write a config.json."""
     return {"0.5b": QWEN_05B, "1.5b": QWEN_15B, "7b": QWEN_7B}
+
+
+@pytest.fixture
+def qwen(tmp_path, qwen_shapes):
+    """make(size): a config.json-only Qwen2.5 folder of that size (the path `lmstack plan` reads)."""
+
+    def make(size: str) -> str:
+        d = tmp_path / f"qwen2.5-{size}"
+        if not d.exists():
+            d.mkdir()
+            body = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **qwen_shapes[size]}
+            (d / "config.json").write_text(json.dumps(body))
+        return str(d)
+
+    return make
 
 
 @pytest.fixture(scope="session")

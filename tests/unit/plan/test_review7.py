@@ -4,7 +4,6 @@ AMP, the loss head above the recompute): the cases where they gave a wrong numbe
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import pytest
@@ -14,19 +13,6 @@ from lmstack.plan import memory as mem
 from lmstack.plan import plan
 from lmstack.plan.estimate import Setup, estimate
 from lmstack.plan.whatif import plan_for, request_from_config
-
-
-@pytest.fixture
-def qwen(tmp_path, qwen_shapes):
-    def make(size: str) -> str:
-        d = tmp_path / f"qwen2.5-{size}"
-        if not d.exists():
-            d.mkdir()
-            body = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **qwen_shapes[size]}
-            (d / "config.json").write_text(json.dumps(body))
-        return str(d)
-
-    return make
 
 
 def _margin(gpu) -> float:

@@ -3,8 +3,6 @@ YAML config on a config.json-only Qwen2.5 folder -> the run plan on a hypothetic
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from lmstack.config.load import build_config
@@ -12,19 +10,6 @@ from lmstack.plan import memory as mem
 from lmstack.plan import plan
 from lmstack.plan.estimate import Setup, estimate
 from lmstack.plan.whatif import request_from_config
-
-
-@pytest.fixture
-def qwen(tmp_path, qwen_shapes):
-    def make(size: str) -> str:
-        d = tmp_path / f"qwen2.5-{size}"
-        if not d.exists():
-            d.mkdir()
-            body = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **qwen_shapes[size]}
-            (d / "config.json").write_text(json.dumps(body))
-        return str(d)
-
-    return make
 
 
 def configured(path: str, **kw):
