@@ -408,8 +408,9 @@ STAGES_R7 = [
 ]  # fmt: skip
 # Round 8 (next): runs new to the planner after round 7's fix (estimate.recompute_phase_bytes: with full
 # checkpointing the loss head and the reference forward count only above the recompute) -- that rule on
-# DPO/KTO/ORPO at other sizes and on full fine-tunes, the accumulation margin again -- and the four runs
-# round 7's budget left, renamed (they were never run)
+# DPO/KTO/ORPO at other sizes and on full fine-tunes, the accumulation margin again, freeze-tuning (never
+# measured: the review's fixes to its checkpointed layers, its margin and freeze_trainable_layers < 0) -- and
+# the four runs round 7's budget left, renamed (they were never run)
 STAGES_R8 = [
     ("r8_dpo_0.5b_lora_mb8_ckpt", S05, dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=8,
                                              gradient_checkpointing=True, **EPOCH), True),
@@ -420,6 +421,10 @@ STAGES_R8 = [
                                               learning_rate=1e-6, **EPOCH), True),
     ("r8_kto_1.5b_lora_mb8_ckpt", S15, dict(stage="kto", dataset="synth_kto", **LORA, packing=False, cutoff_len=1024,
                                              per_device_train_batch_size=8, gradient_checkpointing=True, **EPOCH), True),
+    ("r8_freeze_0.5b_mb8_ckpt", S05, dict(stage="sft", finetuning_type="freeze", freeze_trainable_layers=2,
+                                           per_device_train_batch_size=8, gradient_checkpointing=True), True),
+    ("r8_freeze_1.5b_mb4_ga2", S15, dict(stage="sft", finetuning_type="freeze", freeze_trainable_layers=-2,
+                                          per_device_train_batch_size=4, gradient_accumulation_steps=2), True),
     ("r8_sft_0.5b_lora_mb16_ckpt_ga2", S05, dict(stage="sft", **LORA, per_device_train_batch_size=16,
                                                   gradient_accumulation_steps=2, gradient_checkpointing=True), True),
     ("r8_dpo_1.5b_full_mb2_ckpt", S15, dict(stage="dpo", pref_loss="sigmoid", finetuning_type="full", **PAIR,
