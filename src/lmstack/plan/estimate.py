@@ -160,6 +160,11 @@ def _trainable_frozen(spec: ModelSpec, s: Setup) -> tuple[int, int, int]:
     return 0, spec.num_params, spec.lora_params(s.lora_rank, target)
 
 
+def _unsharded(s: Setup) -> bool:
+    """No ZeRO partitioning (stage 0 or none) and no FSDP: every rank holds whole states and one optimizer."""
+    return s.deepspeed_stage in (None, 0) and s.fsdp is None
+
+
 def _fp8_base(s: Setup) -> bool:
     """The frozen base is stored in FP8 (a quantized base, refused with fp8, keeps its own storage)."""
     return s.fp8 == "frozen-base" and s.finetuning_type == "lora" and s.quantization_bit is None
@@ -308,14 +313,12 @@ def _recompute_layer_bytes(spec: ModelSpec, s: Setup) -> float:
     return train_tokens(s) * _layer_bytes_per_token(spec, s) * activation_factor(s)
 
 
-def _recompute_backward_bytes(spec: ModelSpec, s: Setup) -> float:
-    """What a recomputed layer's backward allocates at its start on top of it (transformers' own SwiGLU: 4i +
-    4h per token, memory.stock_recompute_backward_bytes_per_token); Liger's kernels allocate none of it."""
+def _recompute_backward_per_token(spec: ModelSpec, s: Setup) -> int:
+    """What a recomputed layer's backward allocates at its start on top of it, per token (transformers' own
+    SwiGLU: 4i + 4h, memory.stock_recompute_backward_bytes_per_token); Liger's kernels allocate none of it."""
     if _liger(s):
-        return 0.0
-    return train_tokens(s) * mem.stock_recompute_backward_bytes_per_token(
-        spec.hidden_size, spec.intermediate_size
-    )
+        return 0
+    return mem.stock_recompute_backward_bytes_per_token(spec.hidden_size, spec.intermediate_size)
 
 
 def _activation_layers(spec: ModelSpec, s: Setup) -> int:
@@ -369,7 +372,7 @@ def activations(spec: ModelSpec, s: Setup) -> float:
     kept, recomputed = kept_recomputed(spec, s)
     h = spec.hidden_size
     start = 0 if _liger(s) else mem.stock_backward_start_bytes_per_token(h, spec.intermediate_size)
-    recompute = _recompute_backward_bytes(spec, s) / tokens
+    recompute = _recompute_backward_per_token(spec, s)
     return mem.partial_checkpoint_bytes(
         tokens, kept, recomputed, per_layer, h, factor, s.checkpoint_offload, start, recompute
     )
@@ -379,7 +382,7 @@ def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
     """What the optimizer step allocates after the activations are freed; it raises the peak only where it
     exceeds them. Optimizer-held fp32 masters (train/master_weights.py) convert the bf16 grads to fp32;
     torch's multi-tensor AdamW then holds sqrt(exp_avg_sq) of every parameter it steps."""
-    single_optimizer = s.deepspeed_stage in (None, 0) and s.fsdp is None and s.optimizer == "adamw"
+    single_optimizer = _unsharded(s) and s.optimizer == "adamw"
     if not single_optimizer or s.finetuning_type == "lora":  # adapters: a few MiB, no step term
         return 0.0
     trainable, _, _ = _trainable_frozen(spec, s)
@@ -402,7 +405,7 @@ BACKWARD_START_HEADS = ("full_logits", "full_logits_no_nll", "value_head")
 def peaks_at_backward_start(s: Setup) -> bool:
     """gradients_at_peak's case: a BACKWARD_START_HEADS loss on a full fine-tune in one process without
     ZeRO/FSDP, no gradient accumulation, no generation (PPO's loop was never traced)."""
-    single = s.num_gpus == 1 and s.deepspeed_stage in (None, 0) and s.fsdp is None
+    single = s.num_gpus == 1 and _unsharded(s)
     no_accumulation = s.optimizer_batch <= s.micro_batch
     return (
         s.loss_path in BACKWARD_START_HEADS and s.finetuning_type == "full" and single and no_accumulation
@@ -461,15 +464,23 @@ def recompute_phase_bytes(spec: ModelSpec, s: Setup) -> float | None:
     head (rm) keeps the summed rows: its margin was fitted on runs without checkpointing."""
     if not s.gradient_checkpointing or kept_recomputed(spec, s)[0] or s.loss_path == "value_head":
         return None
-    return _recompute_layer_bytes(spec, s) + _recompute_backward_bytes(spec, s)
+    return _recompute_layer_bytes(spec, s) + train_tokens(s) * _recompute_backward_per_token(spec, s)
+
+
+def _loss_and_headroom(spec: ModelSpec, s: Setup) -> tuple[float, float]:
+    """(the loss head's bytes on top of the activations, the backward's headroom over the loss head): all of
+    the head's peak and 0, or with full checkpointing (recompute_phase_bytes) only what the head adds above
+    the recompute it never meets and how far the recompute rises above the head."""
+    head = _loss_head_bytes(spec, s)
+    recompute = recompute_phase_bytes(spec, s)
+    if recompute is None:
+        return head, 0.0
+    return max(0.0, head - recompute), max(0.0, recompute - head)
 
 
 def loss_bytes(spec: ModelSpec, s: Setup) -> float:
-    """The loss head's bytes on top of the activations: all of its peak, or with full checkpointing only
-    what rises above the recompute it never meets (recompute_phase_bytes)."""
-    logits = _loss_head_bytes(spec, s)
-    recompute = recompute_phase_bytes(spec, s)
-    return logits if recompute is None else max(0.0, logits - recompute)
+    """The loss head's bytes on top of the activations (_loss_and_headroom)."""
+    return _loss_and_headroom(spec, s)[0]
 
 
 def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ...]:
@@ -478,8 +489,7 @@ def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ..
     weight whose bf16 copy autocast keeps for the backward: autocast caches the weights that require grad,
     and freeze-tuning's frozen layers build no graph (or one layer at a time, recomputed), so there only the
     trainable layers and the head the loss backpropagates through carry it."""
-    sharded = s.fsdp is not None or (s.deepspeed_stage or 0) > 0
-    if not _classic_amp(s) or s.optimizer_batch <= s.micro_batch or sharded:
+    if not _classic_amp(s) or s.optimizer_batch <= s.micro_batch or not _unsharded(s):
         return ()
     trainable, _, _ = _trainable_frozen(spec, s)
     weights = trainable if s.finetuning_type == "full" else trainable + spec.vocab_size * spec.hidden_size
@@ -494,11 +504,9 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     validate_setup(s)
     st = model_states(spec, s)
     acts = activations(spec, s)
-    logits = loss_bytes(spec, s)
+    logits, headroom = _loss_and_headroom(spec, s)  # headroom: full checkpointing's recompute over the loss
     accumulation = accumulation_terms(spec, s)  # activations the model misses: freed before the step too
     optim = st.optim + _step_transient(spec, s, acts + logits + sum(v for _, v in accumulation))
-    recompute = recompute_phase_bytes(spec, s)  # full checkpointing: the backward's headroom over the loss
-    headroom = 0.0 if recompute is None else max(0.0, recompute - _loss_head_bytes(spec, s))
     terms = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s), headroom)
     terms += fp8_estimate.transient_terms(spec, s, train_tokens(s))
     terms += accumulation
