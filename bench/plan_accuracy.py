@@ -446,7 +446,7 @@ STAGES_R8 = [
 # Diagnostics (not predictions): the planner's largest errors run again with a memory trace, so the peak's
 # live blocks can be named by the code that allocated them (`peak_breakdown` in the row, basis "diagnostic")
 SNAP = {"_snapshot": True}
-_by_name = {r[0]: r for r in STAGES + STAGES_R4}
+_by_name = {r[0]: r for r in STAGES + STAGES_R4 + STAGES_R6}
 STAGES_SNAP = [
     ("snap_r4_orpo_0.5b_full_mb2", S05, {**_by_name["r4_orpo_0.5b_full_mb2"][2], **SNAP}, True),  # +12.3%
     ("snap_orpo_0.5b_lora_mb4", S05, {**_by_name["orpo_0.5b_lora_mb4"][2], **SNAP}, True),  # -1.7%, same loss
@@ -456,12 +456,11 @@ STAGES_SNAP = [
 ]  # fmt: skip
 # Round 6's under-predictions traced (diagnostics): gradient accumulation under classic AMP (the only
 # accumulating runs recorded; -6.3% and -4.8%) next to the same SFT step without accumulation, same scheme
-_r6 = {r[0]: r for r in STAGES_R6}
 STAGES_SNAP6 = [
-    ("snap_r6_sft_0.5b_full_mb4_ga4", S05, {**_r6["r6_sft_0.5b_full_mb4_ga4"][2], **SNAP}, True),
+    ("snap_r6_sft_0.5b_full_mb4_ga4", S05, {**_by_name["r6_sft_0.5b_full_mb4_ga4"][2], **SNAP}, True),
     ("snap_sft_0.5b_full_mb4_amp", S05, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=4,
                                              master_weights="model", **SNAP), True),
-    ("snap_r6_orpo_0.5b_full_mb2_ga2", S05, {**_r6["r6_orpo_0.5b_full_mb2_ga2"][2], **SNAP}, True),
+    ("snap_r6_orpo_0.5b_full_mb2_ga2", S05, {**_by_name["r6_orpo_0.5b_full_mb2_ga2"][2], **SNAP}, True),
 ]  # fmt: skip
 MIN_LEFT_S = 75  # a run is skipped when less of --budget is left
 REWARD_PY = """def length_reward(prompts, completions, **_):
