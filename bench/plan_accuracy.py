@@ -446,7 +446,7 @@ STAGES_R8 = [
 # Diagnostics (not predictions): the planner's largest errors run again with a memory trace, so the peak's
 # live blocks can be named by the code that allocated them (`peak_breakdown` in the row, basis "diagnostic")
 SNAP = {"_snapshot": True}
-_by_name = {r[0]: r for r in STAGES + STAGES_R4 + STAGES_R6}
+_by_name = {r[0]: r for r in STAGES + STAGES_R4 + STAGES_R6 + STAGES_R8}
 STAGES_SNAP = [
     ("snap_r4_orpo_0.5b_full_mb2", S05, {**_by_name["r4_orpo_0.5b_full_mb2"][2], **SNAP}, True),  # +12.3%
     ("snap_orpo_0.5b_lora_mb4", S05, {**_by_name["orpo_0.5b_lora_mb4"][2], **SNAP}, True),  # -1.7%, same loss
@@ -461,6 +461,13 @@ STAGES_SNAP6 = [
     ("snap_sft_0.5b_full_mb4_amp", S05, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=4,
                                              master_weights="model", **SNAP), True),
     ("snap_r6_orpo_0.5b_full_mb2_ga2", S05, {**_by_name["r6_orpo_0.5b_full_mb2_ga2"][2], **SNAP}, True),
+]  # fmt: skip
+# Round 8's misses traced (diagnostics): freeze-tuning's head-bound peak (+17.6%), the same chunked CE under
+# LoRA where the recompute and the head are close, and the full DPO whose peak is the optimizer step (-6.7%)
+STAGES_SNAP8 = [
+    ("snap_r8_freeze_0.5b_mb8_ckpt", S05, {**_by_name["r8_freeze_0.5b_mb8_ckpt"][2], **SNAP}, True),
+    ("snap_r8_sft_0.5b_lora_mb16_ckpt_ga2", S05, {**_by_name["r8_sft_0.5b_lora_mb16_ckpt_ga2"][2], **SNAP}, True),
+    ("snap_r8_dpo_1.5b_full_mb2_ckpt", S15, {**_by_name["r8_dpo_1.5b_full_mb2_ckpt"][2], **SNAP}, True),
 ]  # fmt: skip
 MIN_LEFT_S = 75  # a run is skipped when less of --budget is left
 REWARD_PY = """def length_reward(prompts, completions, **_):
@@ -799,6 +806,7 @@ def main_stages(args) -> None:
         "all": STAGES + STAGES_R4,
         "snap": STAGES_SNAP,
         "snap6": STAGES_SNAP6,
+        "snap8": STAGES_SNAP8,
     }
     chosen = sets[args.set]
     runs = [r for r in chosen if (not args.only or r[0] in args.only.split(",")) and r[0] not in done]
@@ -852,7 +860,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("assets", nargs="?", default=None)
     ap.add_argument(
-        "--set", default="stages", choices=["stages", "r4", "r5", "r6", "r7", "r8", "all", "snap", "snap6"]
+        "--set", default="stages", choices=["stages", "r4", "r5", "r6", "r7", "r8", "all", "snap", "snap6", "snap8"]
     )
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=str(Path(REPO) / "bench" / "results" / "plan_accuracy.json"))
