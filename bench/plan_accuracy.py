@@ -443,6 +443,44 @@ STAGES_R8 = [
     ("r8_sft_unpacked_7b_lora_mb4", S7, dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=4,
                                               **EPOCH), True),
 ]  # fmt: skip
+# Round 9: runs new to the planner after round 8's fixes (the frozen copy in the policy's load dtype; TRL's
+# log-prob head peaking before the decoder gradients; the step net of the stage's working sets; frozen
+# recording layers at the traced discount; the chunked CE's traced bytes over checkpointed inputs, the
+# embedding output and packed mask beside them; classic AMP's fp32 inputs) -- each on a shape it was not
+# traced on, with the other precision scheme or size
+STAGES_R9 = [
+    ("r9_freeze_1.5b_mb4_first4", S15, dict(stage="sft", finetuning_type="freeze", freeze_trainable_layers=-4,
+                                             per_device_train_batch_size=4), True),
+    ("r9_freeze_0.5b_mb4_ga2_first2", S05, dict(stage="sft", finetuning_type="freeze", freeze_trainable_layers=-2,
+                                                 per_device_train_batch_size=4, gradient_accumulation_steps=2), True),
+    ("r9_freeze_1.5b_mb8_ckpt", S15, dict(stage="sft", finetuning_type="freeze", freeze_trainable_layers=2,
+                                           per_device_train_batch_size=8, gradient_checkpointing=True), True),
+    ("r9_dpo_0.5b_full_mb4_ckpt", S05, dict(stage="dpo", pref_loss="sigmoid", finetuning_type="full", **PAIR,
+                                             per_device_train_batch_size=4, gradient_checkpointing=True,
+                                             learning_rate=1e-6, **EPOCH), True),
+    ("r9_kto_0.5b_full_mb4_ckpt", S05, dict(stage="kto", dataset="synth_kto", finetuning_type="full", packing=False,
+                                             cutoff_len=1024, per_device_train_batch_size=4, gradient_checkpointing=True,
+                                             learning_rate=1e-6, **EPOCH), True),
+    ("r9_dpo_1.5b_full_mb2_pure", S15, dict(stage="dpo", pref_loss="sigmoid", finetuning_type="full", **PAIR,
+                                             pure_bf16=True, per_device_train_batch_size=2, learning_rate=1e-6,
+                                             **EPOCH), True),
+    ("r9_sft_1.5b_full_mb8_ckpt", S15, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=8,
+                                             gradient_checkpointing=True), True),
+    ("r9_sft_1.5b_full_mb4_ckpt_ga2", S15, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=4,
+                                                 gradient_accumulation_steps=2, gradient_checkpointing=True), True),
+    ("r9_sft_0.5b_lora_mb32_ckpt", S05, dict(stage="sft", **LORA, per_device_train_batch_size=32,
+                                              gradient_checkpointing=True), True),
+    ("r9_orpo_1.5b_full_mb2_ckpt", S15, dict(stage="dpo", pref_loss="orpo", finetuning_type="full", **PAIR,
+                                              per_device_train_batch_size=2, gradient_checkpointing=True,
+                                              learning_rate=1e-6, **EPOCH), True),
+    ("r9_rm_0.5b_full_mb4_ckpt", S05, dict(stage="rm", finetuning_type="full", **PAIR, per_device_train_batch_size=4,
+                                            gradient_checkpointing=True, learning_rate=1e-6, **EPOCH), True),
+    ("r9_simpo_1.5b_lora_mb4_ckpt", S15, dict(stage="dpo", pref_loss="simpo", **LORA, **PAIR,
+                                               per_device_train_batch_size=4, gradient_checkpointing=True, **EPOCH), True),
+    ("r9_sft_unpacked_1.5b_full_mb4_ckpt", S15, dict(stage="sft", finetuning_type="full", **UNPACKED,
+                                                      per_device_train_batch_size=4, gradient_checkpointing=True,
+                                                      **EPOCH), True),
+]  # fmt: skip
 # Diagnostics (not predictions): the planner's largest errors run again with a memory trace, so the peak's
 # live blocks can be named by the code that allocated them (`peak_breakdown` in the row, basis "diagnostic")
 SNAP = {"_snapshot": True}
@@ -803,6 +841,7 @@ def main_stages(args) -> None:
         "r6": STAGES_R6,
         "r7": STAGES_R7,
         "r8": STAGES_R8,
+        "r9": STAGES_R9,
         "all": STAGES + STAGES_R4,
         "snap": STAGES_SNAP,
         "snap6": STAGES_SNAP6,
@@ -860,7 +899,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("assets", nargs="?", default=None)
     ap.add_argument(
-        "--set", default="stages", choices=["stages", "r4", "r5", "r6", "r7", "r8", "all", "snap", "snap6", "snap8"]
+        "--set",
+        default="stages",
+        choices=["stages", "r4", "r5", "r6", "r7", "r8", "r9", "all", "snap", "snap6", "snap8"],
     )
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=str(Path(REPO) / "bench" / "results" / "plan_accuracy.json"))

@@ -107,8 +107,10 @@ READERS = {"speed": from_speed, "stages": from_stages, "qlora": from_qlora, "dis
            "plan_runs": from_plan_runs}  # fmt: skip
 
 
+# (its fitted bytes stand for every case: it was never traced over checkpointed inputs alone)
 OLD_CHUNKED_CE = {"LMSTACK_CE_CHUNK_TOKENS": 4096, "LMSTACK_CE_LIVE_CHUNKS": 2, "LMSTACK_CE_BYTES": 6,
-                  "LMSTACK_CE_HEAD_BYTES": 4}  # fmt: skip
+                  "LMSTACK_CE_HEAD_BYTES": 4, "LMSTACK_CE_TRACED_BYTES": 6,
+                  "LMSTACK_CE_SIDE_BYTES_PER_HIDDEN": 0}  # fmt: skip
 CURRENT_CHUNKED_CE = {name: getattr(plan_memory, name) for name in OLD_CHUNKED_CE}
 
 

@@ -170,7 +170,7 @@ def _fp8_base(s: Setup) -> bool:
     return s.fp8 == "frozen-base" and s.finetuning_type == "lora" and s.quantization_bit is None
 
 
-def _classic_amp(s: Setup) -> bool:
+def classic_amp(s: Setup) -> bool:
     """fp32 weights in the model (master_weights: model): the whole model, frozen layers included, is fp32
     and so is its residual stream; LoRA keeps its base in bf16 whatever the scheme."""
     return s.fp32_model_weights and s.finetuning_type != "lora"
@@ -181,7 +181,7 @@ def _frozen_weight_bytes(spec: ModelSpec, frozen: int, s: Setup) -> float:
         return sum(fp8_estimate.frozen_weight_bytes(spec))
     if s.quantization_bit is None or s.finetuning_type != "lora":
         # classic AMP loads the whole model in fp32 and freeze-tuning casts nothing back (models/adapters.py)
-        return (mem.FP32_BYTES if _classic_amp(s) else mem.BF16_BYTES) * frozen
+        return (mem.FP32_BYTES if classic_amp(s) else mem.BF16_BYTES) * frozen
     linear = spec.linear_params
     return mem.quantized_weight_bytes(linear, spec.num_params - linear, s.quantization_bit)
 
@@ -258,7 +258,7 @@ def model_states(spec: ModelSpec, s: Setup) -> _States:
     if s.offload_param:
         st.cpu += w_train + w_frozen
         w_train = w_frozen = w_fp8 = 0.0
-    if _classic_amp(s) and stage == 0 and not s.offload_optimizer:
+    if classic_amp(s) and stage == 0 and not s.offload_optimizer:
         # classic AMP: fp32 weights (4 B) and grads (4 B), Adam m+v (8 B) -- the same 16 B, split so
         w_train, grads, optim = 2 * w_train, 2 * grads, optim - mem.FP32_BYTES * trainable
     if n > 1 and stage == 0:  # DDP's gradient buckets: a second copy of the gradients
@@ -289,7 +289,7 @@ def activation_factor(s: Setup) -> float:
     factor = mem.BF16_ACTIVATION_CALIBRATION
     if s.finetuning_type == "lora" and s.fp32_adapters:
         factor *= mem.PEFT_LORA_ACTIVATION_FACTOR
-    if _classic_amp(s):
+    if classic_amp(s):
         factor *= mem.FP32_RESIDUAL_ACTIVATION_FACTOR
     if not _liger(s):
         factor *= mem.STOCK_HF_ACTIVATION_FACTOR
@@ -357,8 +357,41 @@ def offloaded_activations(spec: ModelSpec, s: Setup) -> float:
     return (
         train_tokens(s)
         * kept_recomputed(spec, s)[1]
-        * mem.checkpointed_bytes_per_token_layer(spec.hidden_size)
+        * mem.checkpointed_bytes_per_token_layer(input_hidden(spec, s))
     )
+
+
+def input_hidden(spec: ModelSpec, s: Setup) -> int:
+    """The checkpointed layer inputs' width in bf16 units, the `hidden` memory's checkpointing formulas count
+    2 B of: the hidden size, twice it under classic AMP, whose residual stream (and so every layer's input)
+    is fp32."""
+    return spec.hidden_size * (mem.FP32_BYTES // mem.BF16_BYTES if classic_amp(s) else 1)
+
+
+def frozen_recording_layers(spec: ModelSpec, s: Setup) -> int:
+    """Frozen decoder layers that record a graph without checkpointing: freeze-tuning with the first k layers
+    trained (freeze_trainable_layers = -k) runs its backward through the N - k frozen layers above them;
+    with the last k trained the frozen layers below build no graph (_activation_layers leaves them out)."""
+    if s.finetuning_type != "freeze" or s.gradient_checkpointing or s.freeze_trainable_layers > 0:
+        return 0
+    return spec.num_layers - min(abs(s.freeze_trainable_layers), spec.num_layers)
+
+
+def frozen_layers_saving(spec: ModelSpec, s: Setup) -> float:
+    """What the recording frozen layers keep less than the trained-layer figure counts for them: the traced
+    per-token discount (memory.frozen_layer_discount_bytes_per_token), less, under classic AMP, the bf16 copy
+    of each frozen weight that autocast casts anew every forward (it caches only weights that require grad)
+    and the matmul keeps for its input gradient (2 B/param, traced in the same test)."""
+    frozen = frozen_recording_layers(spec, s)
+    if not frozen:
+        return 0.0
+    per_token = mem.frozen_layer_discount_bytes_per_token(
+        spec.hidden_size, spec.intermediate_size, classic_amp(s), _liger(s)
+    )
+    full = train_tokens(s) * _layer_bytes_per_token(spec, s) * activation_factor(s)
+    saving = min(train_tokens(s) * per_token, full)  # never below nothing
+    copies = mem.BF16_BYTES * spec.layer_params if classic_amp(s) else 0.0
+    return frozen * (saving - copies)
 
 
 def activations(spec: ModelSpec, s: Setup) -> float:
@@ -366,16 +399,36 @@ def activations(spec: ModelSpec, s: Setup) -> float:
     per_layer = _layer_bytes_per_token(spec, s)
     tokens, factor = train_tokens(s), activation_factor(s)
     if not s.gradient_checkpointing:
-        return mem.activation_bytes(
+        every = mem.activation_bytes(
             tokens, _activation_layers(spec, s), per_layer, spec.hidden_size, False, factor
         )
+        return every - frozen_layers_saving(spec, s)
     kept, recomputed = kept_recomputed(spec, s)
     h = spec.hidden_size
     start = 0 if _liger(s) else mem.stock_backward_start_bytes_per_token(h, spec.intermediate_size)
     recompute = _recompute_backward_per_token(spec, s)
-    return mem.partial_checkpoint_bytes(
-        tokens, kept, recomputed, per_layer, h, factor, s.checkpoint_offload, start, recompute
+    checkpointed = mem.partial_checkpoint_bytes(
+        tokens,
+        kept,
+        recomputed,
+        per_layer,
+        input_hidden(spec, s),
+        factor,
+        s.checkpoint_offload,
+        start,
+        recompute,
     )
+    return checkpointed + (outside_layers_bytes(spec, s) if not kept else 0.0)
+
+
+def outside_layers_bytes(spec: ModelSpec, s: Setup) -> float:
+    """With every layer checkpointed, what stays alive outside the decoder layers next to their inputs (traced
+    on the H200, plan_accuracy.json `snap_r8_*_ckpt`): the embedding output (one more 2h per token than the
+    layers' inputs) and, for packed rows under SDPA, the block-diagonal bool mask of every row (rows x seq^2
+    bytes). Without full checkpointing the activation calibration was fitted with them in."""
+    rows = s.micro_batch * s.rows_per_example
+    mask = rows * s.seq_len * s.seq_len if s.packed and s.attention == "sdpa" else 0
+    return train_tokens(s) * mem.checkpointed_bytes_per_token_layer(input_hidden(spec, s)) + mask
 
 
 def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
@@ -399,12 +452,19 @@ def _step_transient(spec: ModelSpec, s: Setup, freed: float) -> float:
 # `snap_r4_orpo_0.5b_full_mb2` and `snap_r4_rm_0.5b_full_mb4`): at the peak every forward activation is
 # alive and no decoder gradient is (the Trainer frees them after each step); only the trained head's
 # gradient joins the logits' transient.
-BACKWARD_START_HEADS = ("full_logits", "full_logits_no_nll", "value_head")
+# TRL's fused log-prob head (DPO, KTO) too: traced on the H200 (`snap_r8_dpo_1.5b_full_mb2_ckpt`), the
+# trained head's fp32 gradient is its own allocation in the head's backward (trl_logprob_bytes counts it) and
+# the decoder gradients only fill in as the backward frees the activations. The full DPO 1.5B without
+# checkpointing agrees (r5_dpo_1.5b_full_mb2: 38.46 GiB measured; the forward's end with no decoder gradient
+# is 38.5, every gradient summed on top 44.3).
+BACKWARD_START_HEADS = ("full_logits", "full_logits_no_nll", "value_head", "trl_logprob")
+# the heads whose trained [V, h] gradient is not already in their loss bytes (trl_logprob_bytes has its own)
+_HEAD_GRADIENT_OUTSIDE_LOSS = ("full_logits", "full_logits_no_nll")
 
 
 def peaks_at_backward_start(s: Setup) -> bool:
     """gradients_at_peak's case: a BACKWARD_START_HEADS loss on a full fine-tune in one process without
-    ZeRO/FSDP, no gradient accumulation, no generation (PPO's loop was never traced)."""
+    ZeRO/FSDP, no gradient accumulation, no generation (PPO's and GRPO's loops were never traced)."""
     single = s.num_gpus == 1 and _unsharded(s)
     no_accumulation = s.optimizer_batch <= s.micro_batch
     return (
@@ -424,7 +484,9 @@ def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -
     if not peaks_at_backward_start(s):
         return grads
     head = 0.0
-    if s.loss_path != "value_head":  # the tied or separate [V, h] head's gradient, in the weights' dtype
+    if (
+        s.loss_path in _HEAD_GRADIENT_OUTSIDE_LOSS
+    ):  # the tied or separate [V, h] head's gradient, weights' dtype
         head = (
             (mem.FP32_BYTES if s.fp32_model_weights else mem.BF16_BYTES) * spec.vocab_size * spec.hidden_size
         )
@@ -445,13 +507,14 @@ def _loss_head_bytes(spec: ModelSpec, s: Setup) -> float:
     if s.loss_path == "value_head":
         # the margin was fitted on a bf16 model; classic AMP's residual stream is fp32, twice the bytes (the
         # traced full rm run, snap_r4_rm_0.5b_full_mb4: 0.82 GiB above the bf16 margin's 0.79)
-        widen = mem.FP32_BYTES / mem.BF16_BYTES if _classic_amp(s) else 1.0
+        widen = mem.FP32_BYTES / mem.BF16_BYTES if classic_amp(s) else 1.0
         hidden_states = (
             widen * mem.VALUE_HEAD_MARGIN_BYTES * tokens * spec.hidden_size * (spec.num_layers + 1)
         )
         return mem.VALUE_HEAD_INPUT_BYTES * tokens * spec.hidden_size + hidden_states
     if s.fused_ce and not _liger(s):  # lmstack's chunked linear CE (models/kernels.py)
-        return mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
+        every_layer_checkpointed = s.gradient_checkpointing and not kept_recomputed(spec, s)[0]
+        return mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full, every_layer_checkpointed)
     return mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce, zero3=s.deepspeed_stage == 3)
 
 
@@ -489,7 +552,7 @@ def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ..
     weight whose bf16 copy autocast keeps for the backward: autocast caches the weights that require grad,
     and freeze-tuning's frozen layers build no graph (or one layer at a time, recomputed), so there only the
     trainable layers and the head the loss backpropagates through carry it."""
-    if not _classic_amp(s) or s.optimizer_batch <= s.micro_batch or not _unsharded(s):
+    if not classic_amp(s) or s.optimizer_batch <= s.micro_batch or not _unsharded(s):
         return ()
     trainable, _, _ = _trainable_frozen(spec, s)
     weights = trainable if s.finetuning_type == "full" else trainable + spec.vocab_size * spec.hidden_size
@@ -499,16 +562,21 @@ def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ..
 
 def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     """Predicted peak memory of one GPU for setup ``s`` plus CPU memory for offload."""
-    from lmstack.plan.stage_memory import stage_terms
+    from lmstack.plan.stage_memory import stage_terms, step_freed_bytes
 
     validate_setup(s)
     st = model_states(spec, s)
     acts = activations(spec, s)
     logits, headroom = _loss_and_headroom(spec, s)  # headroom: full checkpointing's recompute over the loss
     accumulation = accumulation_terms(spec, s)  # activations the model misses: freed before the step too
-    optim = st.optim + _step_transient(spec, s, acts + logits + sum(v for _, v in accumulation))
-    terms = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s), headroom)
-    terms += fp8_estimate.transient_terms(spec, s, train_tokens(s))
+    stage = stage_terms(spec, s, acts + logits, _recompute_layer_bytes(spec, s), headroom)
+    grads = gradients_at_peak(spec, s, st.grads, acts + logits)
+    # what the sum counts that the optimizer step no longer holds (the activations, the loss head, the stage's
+    # working sets, the accumulation margin), less the gradients gradients_at_peak left out: at the step every
+    # gradient is alive again
+    freed = acts + logits + sum(v for _, v in accumulation) + step_freed_bytes(stage) - (st.grads - grads)
+    optim = st.optim + _step_transient(spec, s, freed)
+    terms = stage + fp8_estimate.transient_terms(spec, s, train_tokens(s))
     terms += accumulation
     frag = mem.FRAGMENTATION_FACTOR if s.packed else mem.UNPACKED_FRAGMENTATION_FACTOR
     if s.expandable_segments:
@@ -516,8 +584,7 @@ def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     pending = 0.0
     if s.checkpoint_offload:  # validate_setup: only with checkpointing
         kept, recomputed = kept_recomputed(spec, s)
-        pending = mem.offload_pending_bytes(train_tokens(s), recomputed, kept, spec.hidden_size)
-    grads = gradients_at_peak(spec, s, st.grads, acts + logits)
+        pending = mem.offload_pending_bytes(train_tokens(s), recomputed, kept, input_hidden(spec, s))
     gpu = mem.breakdown(
         st.weights, grads, optim, acts, logits, st.adapters, terms=terms, fragmentation=frag,
         reserved_extra=pending,

@@ -89,6 +89,14 @@ FUSED_CE_CHUNK_TOKENS = 1024  # Liger FLCE materialises one chunk of logits (its
 # is what bench/plan_check.py models for runs made before commit db98c1b.
 LMSTACK_CE_CHUNK_TOKENS = 2048
 LMSTACK_CE_BYTES = 9
+# With every layer checkpointed the head meets only the layers' inputs, and there the H200 trace shows the code's
+# own 6 B (plan_accuracy.json `snap_r8_freeze_0.5b_mb8_ckpt`: the chunk's fp32 copy 1.16 GiB and its bf16
+# gradient 0.58 GiB, 2048 x 151936, nothing else of the head's size): the fitted 9 B's other 3 B are what the
+# activation model misses at the end of a forward that keeps its activations. Beside the chunk, per token: the
+# final norm's fp32 input (4h) and bf16 output (2h), the CE's copy of the labelled rows (2h) and their gradient
+# (2h), traced there at 0.12 GiB for 16384 tokens (h = 896).
+LMSTACK_CE_TRACED_BYTES = 6
+LMSTACK_CE_SIDE_BYTES_PER_HIDDEN = 10
 LMSTACK_CE_LIVE_CHUNKS = 1
 LMSTACK_CE_HEAD_BYTES = 10
 FUSED_CE_BYTES = 4  # fp32 per chunk element
@@ -275,6 +283,25 @@ def activation_bytes_per_token_layer(hidden: int, kv_dim: int, intermediate: int
     return BF16_BYTES * (6 * hidden + 2 * kv_dim + 3 * intermediate)
 
 
+# A frozen decoder layer that records a graph (freeze-tuning's frozen layers above a trained one) keeps less
+# than a trained one: its linears save no input for a weight gradient, its norms' weight products save nothing.
+# Traced on the CPU through the run's own code path (tests/unit/plan/test_frozen_layers.py, three widths, exact
+# to the byte): a trained stock layer keeps 8h + 2i bytes per token more than a frozen one with bf16 weights
+# (the q/k/v and gate/up inputs and the two norm products they come from, 2h each; down_proj's input, 2i) and
+# 18h + 2i under classic AMP (fp32 norm products and the bf16 casts of them). Liger's fused norm saves the same
+# for both, so only the linears' inputs are counted there (4h + 2i, the smaller, safe-side figure).
+FROZEN_LAYER_DISCOUNT_H = {"stock": 8, "stock_classic_amp": 18, "liger": 4}
+FROZEN_LAYER_DISCOUNT_I = 2
+
+
+def frozen_layer_discount_bytes_per_token(
+    hidden: int, intermediate: int, classic_amp: bool, liger: bool
+) -> int:
+    """What a frozen decoder layer that records keeps less than a trained one, per token (see above)."""
+    kind = "liger" if liger else ("stock_classic_amp" if classic_amp else "stock")
+    return FROZEN_LAYER_DISCOUNT_H[kind] * hidden + FROZEN_LAYER_DISCOUNT_I * intermediate
+
+
 def eager_attention_bytes_per_token_layer(num_heads: int, seq_len: int) -> int:
     """Eager attention stores the score matrix: 5*a*s bytes per token per layer (Korthikanti)."""
     return EAGER_SCORE_BYTES * num_heads * seq_len
@@ -422,11 +449,19 @@ def logits_bytes(
     return (UNFUSED_LOGITS_BYTES_ZERO3 if zero3 else UNFUSED_LOGITS_BYTES) * tokens * vocab
 
 
-def chunked_ce_bytes(tokens: int, vocab: int, hidden: int, head_trainable: bool) -> float:
-    """lmstack's chunked linear CE peak: live chunks x bytes x chunk x V (+ the head gradient's V x h)."""
+def chunked_ce_bytes(
+    tokens: int, vocab: int, hidden: int, head_trainable: bool, over_checkpointed_inputs: bool = False
+) -> float:
+    """lmstack's chunked linear CE peak: live chunks x bytes x chunk x V (+ the head gradient's V x h).
+    `over_checkpointed_inputs`: every decoder layer is checkpointed, so only their inputs are alive at the head:
+    the traced bytes (LMSTACK_CE_TRACED_BYTES and the head side's own per-token tensors) instead of the
+    fitted LMSTACK_CE_BYTES."""
     chunk = min(tokens, LMSTACK_CE_CHUNK_TOKENS)
     live = 1 if tokens <= LMSTACK_CE_CHUNK_TOKENS else LMSTACK_CE_LIVE_CHUNKS
     head = LMSTACK_CE_HEAD_BYTES * vocab * hidden if head_trainable else 0
+    if over_checkpointed_inputs:
+        side = LMSTACK_CE_SIDE_BYTES_PER_HIDDEN * tokens * hidden
+        return live * LMSTACK_CE_TRACED_BYTES * chunk * vocab + head + side
     return live * LMSTACK_CE_BYTES * chunk * vocab + head
 
 

@@ -43,6 +43,27 @@ REFERENCE_FREE_LOSSES = ("orpo", "simpo")
 ROLLOUT_BUFFER_BYTES_PER_TOKEN = 3 * 8 + 5 * mem.FP32_BYTES
 
 
+# rows that stay allocated through the optimizer step (weights, the rollout buffer); every other stage row is a
+# forward's or a generation's working set, freed before the step (estimate's step transient can reuse it)
+REFERENCE_COPY_ROW = "reference model weights (frozen copy, in the policy's load dtype)"
+PERSISTENT_ROWS = (REFERENCE_COPY_ROW, "reward model weights", "rollout buffer")
+
+
+def reference_copy_bytes_per_param(s: Setup) -> int:
+    """train/rlhf.load_frozen_model loads the frozen copy like the policy (RunPlan.model_spec's load dtype):
+    fp32 where the policy keeps fp32 weights in the model (classic AMP, estimate.classic_amp), bf16 otherwise.
+    Traced on the H200 (plan_accuracy.json `snap_r8_dpo_1.5b_full_mb2_ckpt`): 11.50 GiB of weights for the
+    1.5B policy and its reference, two fp32 copies."""
+    from lmstack.plan.estimate import classic_amp
+
+    return mem.FP32_BYTES if classic_amp(s) else mem.BF16_BYTES
+
+
+def step_freed_bytes(rows: tuple[tuple[str, float], ...]) -> float:
+    """The stage rows freed before the optimizer step (all but PERSISTENT_ROWS)."""
+    return sum(v for name, v in rows if name not in PERSISTENT_ROWS)
+
+
 def _sharded(s: Setup) -> int:
     """How many ways a frozen copy is split: ZeRO-3 / FSDP FULL_SHARD shard it, the rest keep it whole."""
     if s.deepspeed_stage == 3 or s.fsdp == "FULL_SHARD":
@@ -81,7 +102,7 @@ def stage_terms(
     backward, next to the checkpointed inputs and the loss head, so only its part above that headroom adds."""
     rows: list[tuple[str, float]] = []
     if s.reference == "copy":
-        rows.append(("reference model weights (frozen copy)", mem.BF16_BYTES * spec.num_params / _sharded(s)))
+        rows.append((REFERENCE_COPY_ROW, reference_copy_bytes_per_param(s) * spec.num_params / _sharded(s)))
     if s.stage in ("dpo", "kto") and s.reference != "none":
         passes = "KL batch + batch, one at a time" if s.kl_batch else "the batch"
         where = "above the recompute" if headroom else "over the held activations"

@@ -135,13 +135,20 @@ def test_eager_attention_recompute_phase_holds_the_layers_scores(specs):
     attention the recomputed layer holds its s x s scores too (they are in the activations' recomputed
     layer), so the phase the loss never meets is that whole layer: the training phase above the
     checkpointed inputs is the larger of the two, not their partial sum."""
-    from lmstack.plan.estimate import activations, loss_bytes, recompute_phase_bytes, train_tokens
+    from lmstack.plan.estimate import (
+        activations,
+        loss_bytes,
+        outside_layers_bytes,
+        recompute_phase_bytes,
+        train_tokens,
+    )
 
     spec = specs["qwen2.5-0.5b"]
     s = Setup(
         finetuning_type="lora", micro_batch=4, seq_len=1024, gradient_checkpointing=True, attention="eager"
     )
     inputs = train_tokens(s) * spec.num_layers * mem.checkpointed_bytes_per_token_layer(spec.hidden_size)
+    inputs += outside_layers_bytes(spec, s)  # the embedding output (eager: no packed SDPA mask)
     recompute = activations(spec, s) - inputs  # one layer's full activations, scores included, + its backward
     assert recompute_phase_bytes(spec, s) == pytest.approx(recompute)
     head = mem.logits_bytes(train_tokens(s), spec.vocab_size, fused=False)
@@ -167,7 +174,14 @@ def test_freeze_tuning_of_the_first_layers(qwen):
     assert first.gradients == pytest.approx(last.gradients) and first.optimizer == pytest.approx(
         last.optimizer
     )
-    assert first.activations == pytest.approx(full.activations)  # all 24 layers above layer 0 record
+    # all 24 layers above layer 0 record; the 22 frozen ones keep less than a trained layer (their linears
+    # save no input for a weight gradient: estimate.frozen_layers_saving)
+    spec = plan(
+        request_from_config(build_config({**base, "freeze_trainable_layers": -2}), 1, 80)
+    ).request.spec
+    saving = 22 * 4 * 1024 * mem.frozen_layer_discount_bytes_per_token(896, 4864, False, False) / mem.GIB
+    assert spec.num_layers == 24 and saving > 0
+    assert first.activations == pytest.approx(full.activations - saving)
     assert last.activations < first.activations / 5
 
 

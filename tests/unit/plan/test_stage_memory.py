@@ -9,6 +9,7 @@ from lmstack.config.load import build_config
 from lmstack.plan import memory as mem
 from lmstack.plan import plan
 from lmstack.plan.estimate import Setup, estimate
+from lmstack.plan.stage_memory import PERSISTENT_ROWS, REFERENCE_COPY_ROW
 from lmstack.plan.whatif import request_from_config
 
 
@@ -37,10 +38,40 @@ def test_dpo_lora_7b_holds_chosen_and_rejected_and_the_reference_forward(qwen):
     assert dpo.allocated > 1.5 * sft.allocated  # the old planner predicted the SFT figure
 
 
-def test_dpo_full_keeps_a_frozen_reference_copy(qwen):
-    _, gpu = configured(qwen("0.5b"), stage="dpo", finetuning_type="full")
-    params = dict(gpu.terms)["reference model weights (frozen copy)"]
-    assert params == pytest.approx(2 * 494_032_768 / mem.GIB, rel=1e-3)
+def test_dpo_full_keeps_a_frozen_reference_copy_in_the_policys_load_dtype(qwen):
+    """train/rlhf.load_frozen_model loads the copy like the policy: fp32 under classic AMP (what a DPO full
+    fine-tune runs here: master_weights auto keeps fp32 weights in the model for it), bf16 under pure_bf16.
+    The H200 trace (plan_accuracy.json `snap_r8_dpo_1.5b_full_mb2_ckpt`) shows two fp32 copies, 11.50 GiB."""
+    req, gpu = configured(qwen("0.5b"), stage="dpo", finetuning_type="full")
+    assert plan(req).configured.setup.fp32_model_weights
+    assert dict(gpu.terms)[REFERENCE_COPY_ROW] == pytest.approx(4 * 494_032_768 / mem.GIB, rel=1e-3)
+    _, half = configured(qwen("0.5b"), stage="dpo", finetuning_type="full", pure_bf16=True)
+    assert dict(half.terms)[REFERENCE_COPY_ROW] == pytest.approx(2 * 494_032_768 / mem.GIB, rel=1e-3)
+
+
+def test_a_full_dpo_step_holds_every_gradient_and_the_sqrt_but_not_the_reference_forward(qwen):
+    """With checkpointing the optimizer step is a full DPO's peak: weights, every gradient, the moments and
+    the multi-tensor AdamW's sqrt(exp_avg_sq), next to the frozen copy; the reference's no-grad forward and
+    the activations are gone by then. Traced on the H200 (`snap_r8_dpo_1.5b_full_mb2_ckpt`, 34.57 GiB:
+    11.50 of weights, 11.50 of moments, 5.75 of the sqrt, 5.75 of gradients); the planner summed the
+    reference forward into the step and left the copy at bf16 (32.26, -6.7%)."""
+    req, gpu = configured(qwen("1.5b"), stage="dpo", finetuning_type="full", per_device_train_batch_size=2,
+                          gradient_checkpointing=True)  # fmt: skip
+    n = req.spec.num_params
+    step = (4 + 4 + 8 + mem.FOREACH_ADAM_TEMP_BYTES + 4) * n / mem.GIB  # weights, grads, moments, sqrt, copy
+    assert gpu.allocated == pytest.approx(step, rel=0.01)
+
+
+def test_a_full_dpo_without_accumulation_peaks_before_its_decoder_gradients_exist(qwen):
+    """TRL's fused log-prob head on a full fine-tune in one process: the decoder gradients fill in as the
+    backward frees the activations (estimate.peaks_at_backward_start), so the peak is the larger of the
+    forward's end and the step, never their sum. r5_dpo_1.5b_full_mb2 on the H200: 38.46 GiB measured,
+    41.33 predicted with every gradient summed (and the copy at bf16), 38.5 now."""
+    req, gpu = configured(qwen("1.5b"), stage="dpo", finetuning_type="full", per_device_train_batch_size=2)
+    assert gpu.gradients < 0.5 * 4 * req.spec.num_params / mem.GIB
+    _, accumulating = configured(qwen("1.5b"), stage="dpo", finetuning_type="full",
+                                 per_device_train_batch_size=2, gradient_accumulation_steps=2)  # fmt: skip
+    assert accumulating.gradients == pytest.approx(4 * req.spec.num_params / mem.GIB, rel=1e-3)
 
 
 @pytest.mark.parametrize("loss, ftx", [("orpo", 0.0), ("simpo", 0.5), ("simpo", 0.0)])
@@ -89,7 +120,7 @@ def test_grpo_full_with_a_kl_term_loads_a_reference_copy(qwen):
     req, gpu = configured(
         qwen("0.5b"), stage="grpo", reward_funcs="m:f", finetuning_type="full", pref_beta=0.04
     )
-    assert req.reference == "copy" and "reference model weights (frozen copy)" in dict(gpu.terms)
+    assert req.reference == "copy" and REFERENCE_COPY_ROW in dict(gpu.terms)
 
 
 def test_ppo_holds_reward_model_reference_and_rollout(qwen):
@@ -142,8 +173,7 @@ def test_ppo_keeps_every_gradient_and_its_stage_weights_in_the_peak(specs):
     ppo = Setup(finetuning_type="full", stage="ppo", loss_path="full_logits", reference="copy", micro_batch=1,
                 seq_len=64, prompt_len=32, generated_rows=1, reward_model_params=s.num_params, packed=False)  # fmt: skip
     g = estimate(s, ppo).gpu
-    persistent = sum(v for name, v in g.terms if name in ("reference model weights (frozen copy)",
-                                                          "reward model weights", "rollout buffer"))  # fmt: skip
+    persistent = sum(v for name, v in g.terms if name in PERSISTENT_ROWS)
     grads = 2 * s.num_params / mem.GIB  # bf16 grads (optimizer-held masters)
     assert g.gradients == pytest.approx(grads)  # summed, whatever the activations
     assert g.allocated >= g.weights + grads + g.optimizer + persistent - 1e-6
@@ -185,6 +215,7 @@ def test_full_checkpointing_counts_the_loss_head_and_the_reference_only_above_th
         _loss_head_bytes,
         _recompute_layer_bytes,
         activations,
+        outside_layers_bytes,
         recompute_phase_bytes,
         train_tokens,
     )
@@ -197,8 +228,10 @@ def test_full_checkpointing_counts_the_loss_head_and_the_reference_only_above_th
     spec = ModelSpec.from_pretrained_dir(path)
     recompute = recompute_phase_bytes(spec, s)
     assert recompute is not None and recompute > 0
-    inputs = activations(spec, s) - recompute
+    outside = outside_layers_bytes(spec, s)  # the embedding output (no packed mask: DPO rows are padded)
+    inputs = activations(spec, s) - recompute - outside
     assert inputs == pytest.approx(train_tokens(s) * spec.num_layers * 2 * spec.hidden_size)
+    inputs += outside
     head = _loss_head_bytes(spec, s)
     # sigmoid: the adapter-off reference forward; orpo: none
     assert (s.reference != "none") == (loss == "sigmoid")
