@@ -9,12 +9,11 @@
 #   peers24   the 24 GiB row again with LF and Unsloth, plus the planner's own choice on an emulated 24 GiB GPU
 #   compile05 regional torch.compile on/off on the 0.5B rows, with LF (bench/lmstack_bench.py --set compile05)
 #   snap      issue 20's largest errors again with a memory trace: who holds the peak (plan_accuracy.py --set snap)
-#   (GPU_TESTS="file ..." narrows gputests; PLAN_SET picks plan's round: r4 | r5 | r6 | r7 | r8 | snap6 | snap8)
+#   (GPU_TESTS="file ..." narrows gputests; PLAN_SET picks plan's round: r4 | r5 | r6 | r7 | r8 | r9 | snap6 | snap8)
 #   (PLAN_SET=snap6: round 6's accumulating runs traced next to the same step without accumulation)
 #   (PLAN_SET=snap8: round 8's freeze-tuning head peak, the LoRA twin of it, the full DPO whose peak is the step)
-# Next session (the sixth ran round 6, snap6 and round 7; what is left):
-#   PLAN_SET=r8 PHASES="plan" bash bench/call_s4.sh 570  (carry .whl/lm .whl/bnb .whl/ao): round 8, predicted
-#       by the planner with round 7's fix; then PLAN_SET=r8 PHASES="plan" bash bench/call_s4.sh 560 for the rest
+#   (PLAN_SET=r9: round 9, predicted by the planner with round 8's fixes)
+# The seventh session ran rounds 8 and 9 and snap8 (bench/README.md); not run yet: PHASES="peers24" ... 560
 TOTAL=${1:-570}
 PHASES=${PHASES:-gputests parity15 plan}
 source "$(dirname "$0")/call_common.sh"  # T0, left, the environment, $O, has, pip_t

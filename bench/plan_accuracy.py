@@ -406,7 +406,7 @@ STAGES_R7 = [
     ("r7_sft_0.5b_full_mb8_ckpt_ga2", S05, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=8,
                                                  gradient_accumulation_steps=2, gradient_checkpointing=True), True),
 ]  # fmt: skip
-# Round 8 (next): runs new to the planner after round 7's fix (estimate.recompute_phase_bytes: with full
+# Round 8: runs new to the planner after round 7's fix (estimate.recompute_phase_bytes: with full
 # checkpointing the loss head and the reference forward count only above the recompute) -- that rule on
 # DPO/KTO/ORPO at other sizes and on full fine-tunes, the accumulation margin again, freeze-tuning (never
 # measured: the review's fixes to its checkpointed layers, its margin and freeze_trainable_layers < 0) -- and
