@@ -30,6 +30,7 @@ from make_assets import CONFIGS, qwen_config  # noqa: E402
 from plan_accuracy import predict  # noqa: E402
 
 from lmstack.plan import memory as plan_memory  # noqa: E402
+from lmstack.plan import stage_memory  # noqa: E402
 
 H200_GIB = 139.8
 
@@ -121,6 +122,24 @@ def chunked_ce_model(old: bool) -> None:
         setattr(plan_memory, name, value)
 
 
+# train/rlhf.load_frozen_model loads a frozen reference copy in the compute dtype since the commit after this
+# session's round 9; every run recorded before loaded it like the policy (fp32 under classic AMP)
+FROZEN_COPY_IN_COMPUTE_DTYPE_SINCE = "2026-12-02T02:00:00+00:00"
+
+
+def run_model(run: dict) -> None:
+    """Model the code a recorded run ran: its chunked CE (`chunked_ce_model`) and how it loaded a frozen copy."""
+    chunked_ce_model(run.get("chunked_ce_model", "current") != "current")
+    date = run.get("run_date") or run.get("date") or ""
+    stage_memory.REFERENCE_COPY_LIKE_THE_POLICY = date < FROZEN_COPY_IN_COMPUTE_DTYPE_SINCE
+
+
+def current_model() -> None:
+    """Today's code: the current chunked CE, the frozen copy in the compute dtype."""
+    chunked_ce_model(False)
+    stage_memory.REFERENCE_COPY_LIKE_THE_POLICY = False
+
+
 def main(out: Path, files: list[Path], old_before: str | None = None) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,7 +156,7 @@ def main(out: Path, files: list[Path], old_before: str | None = None) -> dict:
                 if run is None:
                     continue
                 old = bool(old_before) and (line.get("date") or line.get("run_date") or "") < old_before
-                chunked_ce_model(old)
+                run_model({**line, "chunked_ce_model": "before db98c1b" if old else "current"})
                 pred = predict(run["cfg"], H200_GIB, gpus=run["gpus"], fsdp=run["fsdp"])
                 err = 100 * (pred["allocated_equiv"] - run["measured"]) / run["measured"]
                 cfg = {k: v for k, v in run["cfg"].items() if k not in ("dataset_dir", "output_dir")}

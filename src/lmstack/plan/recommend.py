@@ -500,9 +500,10 @@ def plan(req: PlanRequest) -> PlanResult:
     notes += fp8_estimate.notes(req)
     if configured is not None and peaks_at_backward_start(configured.setup):
         notes.append(
-            "grads: the configured run peaks at the start of its backward (its loss head's transient, every "
-            "activation alive), before any decoder gradient exists: the column shows what its gradients add "
-            "above that peak (the head's gradient, or the end of the backward's excess), not their full size"
+            "grads: the configured run's decoder gradients only fill in as its backward frees the activations "
+            "(the loss head's transient peaks before any of them exists): the column shows what they add above "
+            "the start of the backward (the head's gradient, or the end of the backward's excess), not their "
+            "full size; the optimizer step, where all of them are alive, is in the optimizer column"
         )
     megatron: list[Layout] = []
     if req.finetuning_type == "full":

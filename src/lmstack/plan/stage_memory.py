@@ -45,18 +45,23 @@ ROLLOUT_BUFFER_BYTES_PER_TOKEN = 3 * 8 + 5 * mem.FP32_BYTES
 
 # rows that stay allocated through the optimizer step (weights, the rollout buffer); every other stage row is a
 # forward's or a generation's working set, freed before the step (estimate's step transient can reuse it)
-REFERENCE_COPY_ROW = "reference model weights (frozen copy, in the policy's load dtype)"
+REFERENCE_COPY_ROW = "reference model weights (frozen copy)"
 PERSISTENT_ROWS = (REFERENCE_COPY_ROW, "reward model weights", "rollout buffer")
 
 
+# How the runs recorded before the frozen copy loaded in the compute dtype loaded it: like the policy (RunPlan.
+# model_spec's load dtype). bench/plan_check.run_model sets it for them; the planner itself never does.
+REFERENCE_COPY_LIKE_THE_POLICY = False
+
+
 def reference_copy_bytes_per_param(s: Setup) -> int:
-    """train/rlhf.load_frozen_model loads the frozen copy like the policy (RunPlan.model_spec's load dtype):
-    fp32 where the policy keeps fp32 weights in the model (classic AMP, estimate.classic_amp), bf16 otherwise.
-    Traced on the H200 (plan_accuracy.json `snap_r8_dpo_1.5b_full_mb2_ckpt`): 11.50 GiB of weights for the
-    1.5B policy and its reference, two fp32 copies."""
+    """train/rlhf.load_frozen_model loads the frozen copy in the compute dtype (bf16; LF does the same). Before,
+    it loaded like the policy: fp32 under classic AMP (estimate.classic_amp), traced on the H200
+    (plan_accuracy.json `snap_r8_dpo_1.5b_full_mb2_ckpt`: 11.50 GiB of weights for the 1.5B policy and its
+    reference, two fp32 copies); REFERENCE_COPY_LIKE_THE_POLICY models those runs."""
     from lmstack.plan.estimate import classic_amp
 
-    return mem.FP32_BYTES if classic_amp(s) else mem.BF16_BYTES
+    return mem.FP32_BYTES if REFERENCE_COPY_LIKE_THE_POLICY and classic_amp(s) else mem.BF16_BYTES
 
 
 def step_freed_bytes(rows: tuple[tuple[str, float], ...]) -> float:

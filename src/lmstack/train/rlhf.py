@@ -54,10 +54,15 @@ def _frozen(model: Any) -> Any:
 
 
 def load_frozen_model(plan: RunPlan, path: str, adapters: str | None, tokenizer: Any) -> Any:
-    """A frozen causal LM from `path` with `adapters` (comma-separated) merged in."""
+    """A frozen causal LM from `path` with `adapters` (comma-separated) merged in. It only computes, so it
+    loads in the compute dtype, like LF's loads of a model it does not train: the fp32 that classic AMP
+    gives the trained model holds master weights, which a frozen copy has none of (it would double the
+    copy's memory: 2 B/param more, 5.75 GiB instead of 2.88 for a 1.5B reference)."""
+    from dataclasses import replace
+
     from lmstack.models.load import load_model
 
-    model = load_model(plan.model_spec(path), tokenizer)
+    model = load_model(replace(plan.model_spec(path), load_dtype=plan.precision.compute), tokenizer)
     if adapters:
         from peft import PeftModel
 

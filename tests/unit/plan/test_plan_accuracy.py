@@ -33,7 +33,7 @@ def recomputed(tmp_path_factory):
         for run in doc["runs"]:
             if not run.get("measured_gib") or run.get("basis") == "diagnostic":
                 continue  # a run that failed or was only predicted; a traced re-run of a measured config
-            plan_check.chunked_ce_model(run["chunked_ce_model"] != "current")  # the loss each run ran
+            plan_check.run_model(run)  # the code each run ran: its chunked CE, how it loaded a frozen copy
             cfg = plan_check.local(run["config"], root, run["config"]["model_name_or_path"])
             fsdp = ":fsdp:" in run["name"]
             # the data is not at hand here: the widths the run drew where bench/plan_accuracy.py recorded
@@ -56,6 +56,7 @@ def recomputed(tmp_path_factory):
     finally:
         for name, value in saved.items():
             setattr(memory, name, value)
+        plan_check.current_model()
     return rows
 
 
