@@ -481,6 +481,12 @@ STAGES_R9 = [
                                                       per_device_train_batch_size=4, gradient_checkpointing=True,
                                                       **EPOCH), True),
 ]  # fmt: skip
+# Round 10: the full DPO 1.5B of round 8 again, now that the frozen copy loads in the compute dtype (28233d9)
+STAGES_R10 = [
+    ("r10_dpo_1.5b_full_mb2_ckpt", S15, dict(stage="dpo", pref_loss="sigmoid", finetuning_type="full", **PAIR,
+                                              per_device_train_batch_size=2, gradient_checkpointing=True,
+                                              learning_rate=1e-6, **EPOCH), True),
+]  # fmt: skip
 # Diagnostics (not predictions): the planner's largest errors run again with a memory trace, so the peak's
 # live blocks can be named by the code that allocated them (`peak_breakdown` in the row, basis "diagnostic")
 SNAP = {"_snapshot": True}
@@ -842,6 +848,7 @@ def main_stages(args) -> None:
         "r7": STAGES_R7,
         "r8": STAGES_R8,
         "r9": STAGES_R9,
+        "r10": STAGES_R10,
         "all": STAGES + STAGES_R4,
         "snap": STAGES_SNAP,
         "snap6": STAGES_SNAP6,
@@ -901,7 +908,7 @@ def main() -> None:
     ap.add_argument(
         "--set",
         default="stages",
-        choices=["stages", "r4", "r5", "r6", "r7", "r8", "r9", "all", "snap", "snap6", "snap8"],
+        choices=["stages", "r4", "r5", "r6", "r7", "r8", "r9", "r10", "all", "snap", "snap6", "snap8"],
     )
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=str(Path(REPO) / "bench" / "results" / "plan_accuracy.json"))
