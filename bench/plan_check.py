@@ -122,9 +122,9 @@ def chunked_ce_model(old: bool) -> None:
         setattr(plan_memory, name, value)
 
 
-# train/rlhf.load_frozen_model loads a frozen reference copy in the compute dtype since the commit after this
-# session's round 9; every run recorded before loaded it like the policy (fp32 under classic AMP)
-FROZEN_COPY_IN_COMPUTE_DTYPE_SINCE = "2026-12-02T02:00:00+00:00"
+# train/rlhf.load_frozen_model loads a frozen reference copy in the compute dtype since commit 28233d9 (its
+# time); every run recorded before loaded it like the policy (fp32 under classic AMP)
+FROZEN_COPY_IN_COMPUTE_DTYPE_SINCE = "2026-12-02T01:36:57+00:00"
 
 
 def run_model(run: dict) -> None:
