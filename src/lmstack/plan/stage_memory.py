@@ -55,13 +55,30 @@ REFERENCE_COPY_LIKE_THE_POLICY = False
 
 
 def reference_copy_bytes_per_param(s: Setup) -> int:
-    """train/rlhf.load_frozen_model loads the frozen copy in the compute dtype (bf16; LF does the same). Before,
-    it loaded like the policy: fp32 under classic AMP (estimate.classic_amp), traced on the H200
-    (plan_accuracy.json `snap_r8_dpo_1.5b_full_mb2_ckpt`: 11.50 GiB of weights for the 1.5B policy and its
-    reference, two fp32 copies); REFERENCE_COPY_LIKE_THE_POLICY models those runs."""
-    from lmstack.plan.estimate import classic_amp
+    """train/rlhf.load_frozen_model loads the frozen copy in the compute dtype (bf16; LF does the same), so it is
+    bf16 under every scheme. Before, it loaded like the policy (RunPlan.model_spec's load dtype): fp32 under
+    classic AMP, traced on the H200 (plan_accuracy.json `snap_r8_dpo_1.5b_full_mb2_ckpt`: 11.50 GiB of weights
+    for the 1.5B policy and its reference, two fp32 copies), and fp32 under FSDP for full/freeze, which shards
+    a module as loaded (MixedPrecision casts only the gathered copies; tests/unit/plan/test_review8.py);
+    REFERENCE_COPY_LIKE_THE_POLICY models those runs. (estimate.classic_amp's rule is spelled out, not
+    imported: estimate imports this module.)"""
+    if not REFERENCE_COPY_LIKE_THE_POLICY:
+        return mem.BF16_BYTES
+    full_or_freeze = s.finetuning_type != "lora"
+    classic_amp = s.fp32_model_weights and full_or_freeze
+    fsdp_fp32 = s.fsdp is not None and full_or_freeze and not s.pure_bf16 and s.optimizer != "badam"
+    return mem.FP32_BYTES if classic_amp or fsdp_fp32 else mem.BF16_BYTES
 
-    return mem.FP32_BYTES if REFERENCE_COPY_LIKE_THE_POLICY and classic_amp(s) else mem.BF16_BYTES
+
+def reference_copy_bytes(spec: ModelSpec, s: Setup) -> float:
+    """The frozen copy's bytes per GPU: whole, or partitioned by ZeRO-3; FSDP shards it over every rank, and
+    SHARD_GRAD_OP, which does not reshard a module after a forward without a backward (read from torch's FSDP
+    code, not traced), keeps the whole bf16 gathered copy beside the shards."""
+    stored = reference_copy_bytes_per_param(s) * spec.num_params
+    if s.fsdp is None:
+        return stored / _sharded(s)
+    gathered = mem.BF16_BYTES * spec.num_params if s.fsdp == "SHARD_GRAD_OP" else 0.0
+    return stored / s.num_gpus + gathered
 
 
 def step_freed_bytes(rows: tuple[tuple[str, float], ...]) -> float:
@@ -70,10 +87,9 @@ def step_freed_bytes(rows: tuple[tuple[str, float], ...]) -> float:
 
 
 def _sharded(s: Setup) -> int:
-    """How many ways a frozen copy is split: ZeRO-3 / FSDP FULL_SHARD shard it, the rest keep it whole."""
-    if s.deepspeed_stage == 3 or s.fsdp == "FULL_SHARD":
-        return s.num_gpus
-    return 1
+    """How many ways DeepSpeed splits a frozen copy: ZeRO-3 shards it, the lower stages keep it whole (FSDP:
+    reference_copy_bytes)."""
+    return s.num_gpus if s.deepspeed_stage == 3 else 1
 
 
 def _no_grad_forward(spec: ModelSpec, s: Setup, layer_bytes: float) -> float:
@@ -107,7 +123,7 @@ def stage_terms(
     backward, next to the checkpointed inputs and the loss head, so only its part above that headroom adds."""
     rows: list[tuple[str, float]] = []
     if s.reference == "copy":
-        rows.append((REFERENCE_COPY_ROW, reference_copy_bytes_per_param(s) * spec.num_params / _sharded(s)))
+        rows.append((REFERENCE_COPY_ROW, reference_copy_bytes(spec, s)))
     if s.stage in ("dpo", "kto") and s.reference != "none":
         passes = "KL batch + batch, one at a time" if s.kl_batch else "the batch"
         where = "above the recompute" if headroom else "over the held activations"
