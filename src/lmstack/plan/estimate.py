@@ -29,6 +29,9 @@ class Setup:
     quantization_bit: int | None = None
     pure_bf16: bool = False
     freeze_trainable_layers: int = 2
+    # use_llama_pro (freeze): the freeze_trainable_layers = k trained layers are the expanded blocks, every
+    # (N / k)-th layer, the last one included (models/adapters.llama_pro_layers)
+    llama_pro: bool = False
     num_gpus: int = 1
     nodes: int = 1
     deepspeed_stage: int | None = None
@@ -329,7 +332,9 @@ def _activation_layers(spec: ModelSpec, s: Setup) -> int:
     test_review7.py; a frozen layer saves less than a trainable one: counted as one, on the safe side). The
     first layers trained (freeze_trainable_layers < 0): every layer above them records."""
     if s.finetuning_type == "freeze" and not s.gradient_checkpointing and s.freeze_trainable_layers > 0:
-        return min(s.freeze_trainable_layers, spec.num_layers)
+        k = min(s.freeze_trainable_layers, spec.num_layers)
+        # LLaMA-Pro: the first expanded block is layer N / k - 1, every layer from it up records
+        return spec.num_layers - spec.num_layers // k + 1 if s.llama_pro else k
     return spec.num_layers
 
 
@@ -371,10 +376,14 @@ def input_hidden(spec: ModelSpec, s: Setup) -> int:
 def frozen_recording_layers(spec: ModelSpec, s: Setup) -> int:
     """Frozen decoder layers that record a graph without checkpointing: freeze-tuning with the first k layers
     trained (freeze_trainable_layers = -k) runs its backward through the N - k frozen layers above them;
-    with the last k trained the frozen layers below build no graph (_activation_layers leaves them out)."""
-    if s.finetuning_type != "freeze" or s.gradient_checkpointing or s.freeze_trainable_layers > 0:
+    with the last k trained the frozen layers below build no graph (_activation_layers leaves them out);
+    LLaMA-Pro's k expanded blocks are spread over the stack, the frozen layers between them record."""
+    if s.finetuning_type != "freeze" or s.gradient_checkpointing:
         return 0
-    return spec.num_layers - min(abs(s.freeze_trainable_layers), spec.num_layers)
+    trained = min(abs(s.freeze_trainable_layers), spec.num_layers)
+    if s.freeze_trainable_layers > 0:
+        return _activation_layers(spec, s) - trained if s.llama_pro else 0
+    return spec.num_layers - trained
 
 
 def frozen_layers_saving(spec: ModelSpec, s: Setup) -> float:

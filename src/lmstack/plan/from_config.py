@@ -233,6 +233,7 @@ def request_from_plan(
         cpu_memory_gib=cpu_memory_gib,
         pure_bf16=ft.pure_bf16,
         freeze_trainable_layers=ft.freeze_trainable_layers,
+        llama_pro=ft.use_llama_pro,
         optimizer=_optimizer(cfg),
         adam_foreach=t.optim == "adamw_torch",
         master_weights=t.master_weights,

@@ -108,6 +108,7 @@ class PlanRequest:
     cpu_memory_gib: float | None = None  # per node; None = not checked
     pure_bf16: bool = False
     freeze_trainable_layers: int = 2
+    llama_pro: bool = False  # use_llama_pro (estimate.Setup's field of the same name)
     optimizer: str = "adamw"  # adamw | galore | apollo | badam | muon
     optimizer_rank: int = 16
     liger: bool | None = None  # Liger kernels; None = follow fused_ce (the search toggles both)
@@ -191,7 +192,8 @@ def _base_setup(req: PlanRequest) -> Setup:
     return Setup(
         finetuning_type=req.finetuning_type, lora_rank=req.lora_rank, lora_target=req.lora_target,
         quantization_bit=req.quantization_bit, pure_bf16=req.pure_bf16,
-        freeze_trainable_layers=req.freeze_trainable_layers, num_gpus=req.num_gpus, nodes=req.nodes,
+        freeze_trainable_layers=req.freeze_trainable_layers, llama_pro=req.llama_pro, num_gpus=req.num_gpus,
+        nodes=req.nodes,
         deepspeed_stage=stage, offload_optimizer=req.offload_optimizer, offload_param=req.offload_param,
         fsdp=req.fsdp_sharding if req.fsdp else None, micro_batch=req.micro_batch or 1,
         optimizer_batch=(req.micro_batch or 1) * req.gradient_accumulation_steps,

@@ -15,12 +15,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
+import torch
 
 from lmstack.config.load import build_config
 from lmstack.plan import memory as mem
 from lmstack.plan import plan
+from lmstack.plan.estimate import train_tokens
 from lmstack.plan.stage_memory import REFERENCE_COPY_ROW
 from lmstack.plan.whatif import plan_for, request_from_config
 
@@ -117,3 +120,70 @@ def test_searched_fsdp_rows_shard_the_reference_and_shard_grad_op_keeps_its_gath
         assert dict(c.estimate.gpu.terms)[REFERENCE_COPY_ROW] == pytest.approx(
             (2 * n_params / 2 + 2 * n_params) / mem.GIB, rel=1e-3
         )
+
+
+# ---- 2. LLaMA-Pro's scattered expanded blocks -----------------------------------------------------------------
+LAYERS, ROWS, SEQ = 4, 2, 256
+
+
+def _kept_per_token(path, live_bytes, **yaml_kw) -> float:
+    """Bytes per token live when the final norm starts in one step without checkpointing (bf16 weights), the
+    model set up by lmstack's own freeze code (test_frozen_layers.py's probe)."""
+    from transformers import AutoModelForCausalLM
+
+    from lmstack.launch.context import LaunchContext
+    from lmstack.models.adapters import setup_finetuning
+    from lmstack.models.kernels import apply_training_kernels
+    from lmstack.plan.runplan import RunPlan
+
+    yaml = dict(output_dir="o", template="qwen", stage="sft", finetuning_type="freeze", bf16=True,
+                model_name_or_path=str(path), **yaml_kw)  # fmt: skip
+    p = replace(RunPlan.resolve(build_config(yaml), LaunchContext()), checkpointing=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa")
+    assert apply_training_kernels("chunked", model) == "chunked"
+    model = setup_finetuning(p.cfg, model)
+    model.train()
+    tracker, kept = live_bytes(model), []
+    model.get_decoder().norm.register_forward_pre_hook(lambda _, args: kept.append(tracker.live))
+    ids = torch.randint(3, model.config.vocab_size, (ROWS, SEQ))
+    with tracker.mode:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=ids, labels=ids).loss.backward()
+    return kept[0] / ids.numel()
+
+
+def test_llama_pro_records_the_frozen_layers_between_its_expanded_blocks(tmp_path, live_bytes):
+    """4 layers, 2 expanded blocks (layers 1 and 3): layers 1, 2 and 3 record, against 2 and 3 with the last 2
+    trained -- one more layer, a frozen one (a trained layer less the traced discount)."""
+    from lmstack.tiny import build_tiny_model
+
+    hidden, intermediate = 256, 512
+    path = build_tiny_model(tmp_path / "m", data_dir=None, hidden_size=hidden, intermediate_size=intermediate,
+                            num_hidden_layers=LAYERS)  # fmt: skip
+    last1 = _kept_per_token(path, live_bytes, freeze_trainable_layers=1)
+    last2 = _kept_per_token(path, live_bytes, freeze_trainable_layers=2)
+    pro2 = _kept_per_token(path, live_bytes, freeze_trainable_layers=2, use_llama_pro=True)
+    trained_layer = last2 - last1
+    discount = mem.frozen_layer_discount_bytes_per_token(hidden, intermediate, False, False)
+    assert pro2 - last2 == pytest.approx(trained_layer - discount, rel=0.01)
+
+
+def test_the_planner_counts_llama_pros_recording_frozen_layers(qwen):
+    """Qwen2.5-0.5B (24 layers) with 4 expanded blocks (layers 5, 11, 17, 23): 19 layers record, 15 of them
+    frozen; the planner counted the last 4 only, as for freeze_trainable_layers: 4."""
+    from lmstack.plan.estimate import _layer_bytes_per_token, activation_factor
+
+    path = qwen("0.5b")
+    last = _planned(path, finetuning_type="freeze", freeze_trainable_layers=4)
+    pro = _planned(path, finetuning_type="freeze", freeze_trainable_layers=4, use_llama_pro=True)
+    spec, s = pro.request.spec, pro.configured.setup
+    tokens = train_tokens(s)
+    full = tokens * _layer_bytes_per_token(spec, s) * activation_factor(s)
+    frozen = full - tokens * mem.frozen_layer_discount_bytes_per_token(
+        spec.hidden_size, spec.intermediate_size, False, False
+    )
+    gap = (pro.configured.estimate.gpu.activations - last.configured.estimate.gpu.activations) * mem.GIB
+    assert gap == pytest.approx(15 * frozen, rel=1e-6)
+    # the trained states are the same 4 layers
+    assert pro.configured.estimate.gpu.optimizer == pytest.approx(last.configured.estimate.gpu.optimizer)
