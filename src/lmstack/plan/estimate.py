@@ -434,9 +434,17 @@ def outside_layers_bytes(spec: ModelSpec, s: Setup) -> float:
     """With every layer checkpointed, what stays alive outside the decoder layers next to their inputs (traced
     on the H200, plan_accuracy.json `snap_r8_*_ckpt`): the embedding output (one more 2h per token than the
     layers' inputs) and, for packed rows under SDPA, the block-diagonal bool mask of every row (rows x seq^2
-    bytes). Without full checkpointing the activation calibration was fitted with them in."""
+    bytes). The same [rows, 1, seq, seq] mask for a padded batch (unpacked rows, more than one: the largest
+    batch pads to its longest row) under SDPA and for every batch under eager attention, which builds it in the
+    embeddings' dtype (tests/unit/plan/test_review8.py); flash/flex build none. Without full checkpointing the
+    activation calibration was fitted with them in."""
     rows = s.micro_batch * s.rows_per_example
-    mask = rows * s.seq_len * s.seq_len if s.packed and s.attention == "sdpa" else 0
+    mask_bytes = 0
+    if s.attention == "eager":
+        mask_bytes = mem.FP32_BYTES if classic_amp(s) else mem.BF16_BYTES
+    elif s.attention == "sdpa" and (s.packed or rows > 1):
+        mask_bytes = 1  # bool
+    mask = mask_bytes * rows * s.seq_len * s.seq_len
     return train_tokens(s) * mem.checkpointed_bytes_per_token_layer(input_hidden(spec, s)) + mask
 
 

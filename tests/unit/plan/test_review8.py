@@ -23,7 +23,7 @@ import torch
 from lmstack.config.load import build_config
 from lmstack.plan import memory as mem
 from lmstack.plan import plan
-from lmstack.plan.estimate import train_tokens
+from lmstack.plan.estimate import Setup, outside_layers_bytes, train_tokens
 from lmstack.plan.stage_memory import REFERENCE_COPY_ROW
 from lmstack.plan.whatif import plan_for, request_from_config
 
@@ -187,3 +187,41 @@ def test_the_planner_counts_llama_pros_recording_frozen_layers(qwen):
     assert gap == pytest.approx(15 * frozen, rel=1e-6)
     # the trained states are the same 4 layers
     assert pro.configured.estimate.gpu.optimizer == pytest.approx(last.configured.estimate.gpu.optimizer)
+
+
+# ---- 3. the attention mask next to the checkpointed inputs ----------------------------------------------------
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_a_padded_batch_hands_every_layer_a_rows_by_seq_squared_mask(tiny_model, attention):
+    """The real model on a padded batch (unpacked rows of different lengths): masking_utils builds one
+    [rows, 1, seq, seq] mask for every layer -- bool under SDPA, the weights' dtype under eager."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model, dtype=torch.bfloat16, attn_implementation=attention
+    )
+    rows, seq = 3, 64
+    ids = torch.randint(3, model.config.vocab_size, (rows, seq))
+    attention_mask = torch.ones(rows, seq, dtype=torch.long)
+    attention_mask[1, 40:] = 0
+    attention_mask[2, 20:] = 0
+    seen = []
+    model.model.layers[0].register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=attention_mask)
+    mask = seen[0]
+    assert tuple(mask.shape) == (rows, 1, seq, seq)
+    assert mask.element_size() == (1 if attention == "sdpa" else mem.BF16_BYTES)
+
+
+def test_full_checkpointing_counts_the_mask_of_a_padded_or_eager_batch(specs):
+    spec = specs["qwen2.5-0.5b"]
+    s = Setup(finetuning_type="lora", micro_batch=8, seq_len=2048, gradient_checkpointing=True, packed=False)
+    inputs = train_tokens(s) * 2 * spec.hidden_size
+    assert outside_layers_bytes(spec, s) == pytest.approx(inputs + 8 * 2048**2)  # bool, padded rows
+    assert outside_layers_bytes(spec, replace(s, micro_batch=1)) == pytest.approx(inputs / 8)  # no padding
+    eager = replace(s, attention="eager")
+    assert outside_layers_bytes(spec, eager) == pytest.approx(inputs + 2 * 8 * 2048**2)
+    assert outside_layers_bytes(spec, replace(eager, packed=True)) == pytest.approx(inputs + 2 * 8 * 2048**2)
+    assert outside_layers_bytes(spec, replace(s, attention="flash")) == pytest.approx(inputs)
