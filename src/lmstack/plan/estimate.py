@@ -32,6 +32,9 @@ class Setup:
     # use_llama_pro (freeze): the freeze_trainable_layers = k trained layers are the expanded blocks, every
     # (N / k)-th layer, the last one included (models/adapters.llama_pro_layers)
     llama_pro: bool = False
+    # freeze_extra_modules (freeze): the non-layer modules trained besides the layers, as LF names them
+    # (models/adapters.apply_freeze); the planner sizes embed_tokens, lm_head and norm (freeze_extra_params)
+    freeze_extra_modules: tuple[str, ...] = ()
     num_gpus: int = 1
     nodes: int = 1
     deepspeed_stage: int | None = None
@@ -158,9 +161,39 @@ def _trainable_frozen(spec: ModelSpec, s: Setup) -> tuple[int, int, int]:
     if s.finetuning_type == "freeze":
         # LF's freeze_trainable_layers: k > 0 trains the last k layers, -k the first k
         trainable = spec.layer_params * min(abs(s.freeze_trainable_layers), spec.num_layers)
+        trainable += freeze_extra_params(spec, s)
         return trainable, spec.num_params - trainable, 0
     target = s.lora_target if isinstance(s.lora_target, str) else list(s.lora_target)
     return 0, spec.num_params, spec.lora_params(s.lora_rank, target)
+
+
+def freeze_extra_params(spec: ModelSpec, s: Setup) -> int:
+    """The parameters freeze_extra_modules trains (apply_freeze matches module names; a tied head is the
+    embedding's one tensor, listed once under embed_tokens, so `lm_head` alone trains nothing there): the
+    embedding, the untied head, the final norm (h). Other names are not sized (PlanRequest.unmodelled)."""
+    if s.finetuning_type != "freeze":
+        return 0
+    extra = set(s.freeze_extra_modules)
+    params = spec.embed_params if "embed_tokens" in extra else 0
+    if "lm_head" in extra and not spec.tie_word_embeddings:
+        params += spec.lm_head_params
+    return params + (spec.hidden_size if "norm" in extra else 0)
+
+
+def _freeze_trains_embedding(s: Setup) -> bool:
+    """A trained embedding puts every decoder layer on the backward's path (each one records its graph)."""
+    return s.finetuning_type == "freeze" and "embed_tokens" in s.freeze_extra_modules
+
+
+def head_trainable(spec: ModelSpec, s: Setup) -> bool:
+    """The output head trains: a full fine-tune, or freeze-tuning that trains it (lm_head untied, or the tied
+    embedding)."""
+    if s.finetuning_type == "full":
+        return True
+    extra = set(s.freeze_extra_modules) if s.finetuning_type == "freeze" else set()
+    return ("lm_head" in extra and not spec.tie_word_embeddings) or (
+        "embed_tokens" in extra and spec.tie_word_embeddings
+    )
 
 
 def _unsharded(s: Setup) -> bool:
@@ -331,7 +364,10 @@ def _activation_layers(spec: ModelSpec, s: Setup) -> int:
     checkpointed input, or its activations where it is not checkpointed (traced, tests/unit/plan/
     test_review7.py; a frozen layer saves less than a trainable one: counted as one, on the safe side). The
     first layers trained (freeze_trainable_layers < 0): every layer above them records."""
-    if s.finetuning_type == "freeze" and not s.gradient_checkpointing and s.freeze_trainable_layers > 0:
+    if (
+        s.finetuning_type == "freeze" and not s.gradient_checkpointing and s.freeze_trainable_layers > 0
+        and not _freeze_trains_embedding(s)
+    ):  # fmt: skip
         k = min(s.freeze_trainable_layers, spec.num_layers)
         # LLaMA-Pro: the first expanded block is layer N / k - 1, every layer from it up records
         return spec.num_layers - spec.num_layers // k + 1 if s.llama_pro else k
@@ -381,9 +417,9 @@ def frozen_recording_layers(spec: ModelSpec, s: Setup) -> int:
     if s.finetuning_type != "freeze" or s.gradient_checkpointing:
         return 0
     trained = min(abs(s.freeze_trainable_layers), spec.num_layers)
-    if s.freeze_trainable_layers > 0:
+    if s.freeze_trainable_layers > 0 and not _freeze_trains_embedding(s):
         return _activation_layers(spec, s) - trained if s.llama_pro else 0
-    return spec.num_layers - trained
+    return spec.num_layers - trained  # the first k trained, or a trained embedding below every layer
 
 
 def frozen_layers_saving(spec: ModelSpec, s: Setup) -> float:
@@ -513,7 +549,7 @@ def gradients_at_peak(spec: ModelSpec, s: Setup, grads: float, forward: float) -
 def _loss_head_bytes(spec: ModelSpec, s: Setup) -> float:
     """The loss head's own peak: logits / chunked CE (lm), TRL's fused log-probs, full logits, value head."""
     tokens = train_tokens(s)
-    full = s.finetuning_type == "full"
+    full = head_trainable(spec, s)
     if s.loss_path == "trl_logprob":
         return mem.trl_logprob_bytes(tokens, spec.vocab_size, spec.hidden_size, full)
     if s.loss_path in ("full_logits", "full_logits_no_nll"):

@@ -89,13 +89,33 @@ def stage_fields(plan: RunPlan, spec: ModelSpec) -> dict:
     return out
 
 
+SIZED_FREEZE_EXTRA_MODULES = ("embed_tokens", "lm_head", "norm")  # estimate.freeze_extra_params
+
+
+def _freeze_extra_modules(cfg: Config) -> tuple[str, ...]:
+    """freeze_extra_modules as names (freeze-tuning only; models/adapters.apply_freeze reads the same field)."""
+    ft = cfg.finetuning
+    if ft.finetuning_type != "freeze" or not ft.freeze_extra_modules:
+        return ()
+    return tuple(m.strip() for m in ft.freeze_extra_modules.split(",") if m.strip())
+
+
 def _unmodelled(cfg: Config) -> tuple[str, ...]:
     """Terms the memory model does not count for this run (a note in the table, never silence)."""
     from lmstack.models.vision import vision_model_type
 
     ft = cfg.finetuning
+    unsized = [m for m in _freeze_extra_modules(cfg) if m not in SIZED_FREEZE_EXTRA_MODULES]
+    notes = (
+        (
+            f"freeze_extra_modules: {', '.join(unsized)} not sized by the planner (it sizes "
+            f"{', '.join(SIZED_FREEZE_EXTRA_MODULES)}): their gradients and optimizer states are not counted",
+        )
+        if unsized
+        else ()
+    )
     if not vision_model_type(cfg.model.model_name_or_path):
-        return ()
+        return notes
     trains = [
         name
         for name, on in (
@@ -106,8 +126,8 @@ def _unmodelled(cfg: Config) -> tuple[str, ...]:
         if on
     ]
     if not trains:  # a frozen tower saves no activations for backward: its peak is one block, transient
-        return ()
-    return (
+        return notes
+    return notes + (
         f"vision model with {', '.join(trains)}: the vision tower's saved activations (per image patch, per "
         "vision block) are not modelled; the real peak is higher than shown",
     )
@@ -234,6 +254,7 @@ def request_from_plan(
         pure_bf16=ft.pure_bf16,
         freeze_trainable_layers=ft.freeze_trainable_layers,
         llama_pro=ft.use_llama_pro,
+        freeze_extra_modules=_freeze_extra_modules(cfg),
         optimizer=_optimizer(cfg),
         adam_foreach=t.optim == "adamw_torch",
         master_weights=t.master_weights,

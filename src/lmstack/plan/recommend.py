@@ -109,6 +109,7 @@ class PlanRequest:
     pure_bf16: bool = False
     freeze_trainable_layers: int = 2
     llama_pro: bool = False  # use_llama_pro (estimate.Setup's field of the same name)
+    freeze_extra_modules: tuple[str, ...] = ()  # freeze-tuning's trained non-layer modules (estimate.Setup's)
     optimizer: str = "adamw"  # adamw | galore | apollo | badam | muon
     optimizer_rank: int = 16
     liger: bool | None = None  # Liger kernels; None = follow fused_ce (the search toggles both)
@@ -192,7 +193,8 @@ def _base_setup(req: PlanRequest) -> Setup:
     return Setup(
         finetuning_type=req.finetuning_type, lora_rank=req.lora_rank, lora_target=req.lora_target,
         quantization_bit=req.quantization_bit, pure_bf16=req.pure_bf16,
-        freeze_trainable_layers=req.freeze_trainable_layers, llama_pro=req.llama_pro, num_gpus=req.num_gpus,
+        freeze_trainable_layers=req.freeze_trainable_layers, llama_pro=req.llama_pro,
+        freeze_extra_modules=req.freeze_extra_modules, num_gpus=req.num_gpus,
         nodes=req.nodes,
         deepspeed_stage=stage, offload_optimizer=req.offload_optimizer, offload_param=req.offload_param,
         fsdp=req.fsdp_sharding if req.fsdp else None, micro_batch=req.micro_batch or 1,

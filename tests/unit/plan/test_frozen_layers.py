@@ -20,7 +20,9 @@ from lmstack.plan import memory as mem
 LAYERS, ROWS, SEQ = 4, 2, 256
 
 
-def _kept_per_token(path, live_bytes, finetuning_type: str, k: int, fp32: bool) -> float:
+def _kept_per_token(
+    path, live_bytes, finetuning_type: str, k: int, fp32: bool, extra: str | None = None
+) -> float:
     """Bytes per token live when the final norm starts (what the decoder layers leave for the backward) in one
     step without checkpointing: the model loaded in bf16 (optimizer-held masters) or fp32 (classic AMP)."""
     from transformers import AutoModelForCausalLM
@@ -31,7 +33,7 @@ def _kept_per_token(path, live_bytes, finetuning_type: str, k: int, fp32: bool) 
     from lmstack.plan.runplan import RunPlan
 
     yaml = dict(output_dir="o", template="qwen", stage="sft", finetuning_type=finetuning_type, bf16=True,
-                model_name_or_path=str(path), freeze_trainable_layers=k)  # fmt: skip
+                model_name_or_path=str(path), freeze_trainable_layers=k, freeze_extra_modules=extra)  # fmt: skip
     p = replace(RunPlan.resolve(build_config(yaml), LaunchContext()), checkpointing=False)
     torch.manual_seed(0)
     dtype = torch.float32 if fp32 else torch.bfloat16
@@ -109,3 +111,42 @@ def test_the_planner_counts_the_frozen_layers_with_the_discount(qwen):
     # the last 2 trained: the frozen layers below build no graph, nothing to discount
     last = result(finetuning_type="freeze", freeze_trainable_layers=2)
     assert frozen_layers_saving(last.request.spec, last.configured.setup) == 0
+
+
+def test_a_trained_embedding_puts_every_frozen_layer_on_the_backwards_path(tmp_path, live_bytes, qwen):
+    """freeze_extra_modules: embed_tokens with the last layer trained: the backward reaches the embedding, so
+    the three frozen layers below record too (traced: one frozen layer's bf16 figure each, 2(6h + 2kv + 3i) per
+    token, to 2%), and the embedding's parameters train (gradients, optimizer states; the tied head with it).
+    The planner had counted neither."""
+    from lmstack.plan import plan
+    from lmstack.plan.estimate import frozen_recording_layers, head_trainable
+    from lmstack.plan.model_spec import ModelSpec
+    from lmstack.plan.whatif import request_from_config
+    from lmstack.tiny import build_tiny_model
+
+    hidden, intermediate = 256, 512
+    path = build_tiny_model(tmp_path / "m", data_dir=None, hidden_size=hidden, intermediate_size=intermediate,
+                            num_hidden_layers=LAYERS)  # fmt: skip
+    spec = ModelSpec.from_pretrained_dir(str(path))
+    layer_only = _kept_per_token(path, live_bytes, "freeze", 1, False)
+    with_embedding = _kept_per_token(path, live_bytes, "freeze", 1, False, extra="embed_tokens")
+    frozen = mem.activation_bytes_per_token_layer(hidden, spec.kv_dim, intermediate)
+    assert (with_embedding - layer_only) / (LAYERS - 1) == pytest.approx(frozen, rel=0.03)  # measured -2.2%
+
+    base = dict(model_name_or_path=qwen("0.5b"), output_dir="o", bf16=True, cutoff_len=1024, finetuning_type="freeze",
+                freeze_trainable_layers=2, per_device_train_batch_size=4, gradient_checkpointing=False,
+                flash_attn="sdpa")  # fmt: skip
+    plain = plan(request_from_config(build_config(base), 1, 139.8))
+    extra = plan(
+        request_from_config(build_config({**base, "freeze_extra_modules": "embed_tokens"}), 1, 139.8)
+    )
+    big, s = extra.request.spec, extra.configured.setup
+    assert s.freeze_extra_modules == ("embed_tokens",) and head_trainable(
+        big, s
+    )  # Qwen2.5-0.5B ties its head
+    assert frozen_recording_layers(big, s) == big.num_layers - 2
+    grads = extra.configured.estimate.gpu.gradients - plain.configured.estimate.gpu.gradients
+    assert grads * mem.GIB >= mem.BF16_BYTES * big.embed_params * 0.999  # the embedding's bf16 gradient
+    assert extra.configured.estimate.gpu.activations > 5 * plain.configured.estimate.gpu.activations
+    unsized = plan(request_from_config(build_config({**base, "freeze_extra_modules": "visual"}), 1, 139.8))
+    assert any("freeze_extra_modules: visual not sized" in n for n in unsized.notes)
