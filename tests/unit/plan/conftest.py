@@ -60,3 +60,41 @@ def specs() -> dict[str, ModelSpec]:
             GPT2Config(n_positions=2048, n_embd=12288, n_layer=96, n_head=96, vocab_size=50257)
         ),
     }
+
+
+@pytest.fixture
+def kept_per_token(live_bytes):
+    """probe(path, fp32=False, **yaml): bytes per token live when the final norm starts (what the decoder layers
+    leave for the backward) in one freeze-tuning step without checkpointing, 2 rows of 256 tokens, the model set
+    up by lmstack's own code (RunPlan, setup_finetuning, the chunked CE) and loaded in bf16 (optimizer-held
+    masters) or fp32 (classic AMP) under bf16 autocast like the Trainer's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmstack.config.load import build_config
+    from lmstack.launch.context import LaunchContext
+    from lmstack.models.adapters import setup_finetuning
+    from lmstack.models.kernels import apply_training_kernels
+    from lmstack.plan.runplan import RunPlan
+
+    def probe(path, fp32: bool = False, **yaml_kw) -> float:
+        from dataclasses import replace
+
+        yaml = dict(output_dir="o", template="qwen", stage="sft", finetuning_type="freeze", bf16=True,
+                    model_name_or_path=str(path), **yaml_kw)  # fmt: skip
+        p = replace(RunPlan.resolve(build_config(yaml), LaunchContext()), checkpointing=False)
+        torch.manual_seed(0)
+        dtype = torch.float32 if fp32 else torch.bfloat16
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        assert apply_training_kernels("chunked", model) == "chunked"
+        model = setup_finetuning(p.cfg, model)
+        model.train()
+        tracker, kept = live_bytes(model), []
+        model.get_decoder().norm.register_forward_pre_hook(lambda _, args: kept.append(tracker.live))
+        ids = torch.randint(3, model.config.vocab_size, (2, 256))
+        with tracker.mode:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                model(input_ids=ids, labels=ids).loss.backward()
+        return kept[0] / ids.numel()
+
+    return probe

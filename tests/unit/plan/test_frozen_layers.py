@@ -9,64 +9,31 @@ with this term."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
-import torch
 
 from lmstack.config.load import build_config
 from lmstack.plan import memory as mem
 
-LAYERS, ROWS, SEQ = 4, 2, 256
-
-
-def _kept_per_token(
-    path, live_bytes, finetuning_type: str, k: int, fp32: bool, extra: str | None = None
-) -> float:
-    """Bytes per token live when the final norm starts (what the decoder layers leave for the backward) in one
-    step without checkpointing: the model loaded in bf16 (optimizer-held masters) or fp32 (classic AMP)."""
-    from transformers import AutoModelForCausalLM
-
-    from lmstack.launch.context import LaunchContext
-    from lmstack.models.adapters import setup_finetuning
-    from lmstack.models.kernels import apply_training_kernels
-    from lmstack.plan.runplan import RunPlan
-
-    yaml = dict(output_dir="o", template="qwen", stage="sft", finetuning_type=finetuning_type, bf16=True,
-                model_name_or_path=str(path), freeze_trainable_layers=k, freeze_extra_modules=extra)  # fmt: skip
-    p = replace(RunPlan.resolve(build_config(yaml), LaunchContext()), checkpointing=False)
-    torch.manual_seed(0)
-    dtype = torch.float32 if fp32 else torch.bfloat16
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    assert apply_training_kernels("chunked", model) == "chunked"
-    model = setup_finetuning(p.cfg, model)
-    model.train()
-    tracker, kept = live_bytes(model), []
-    model.get_decoder().norm.register_forward_pre_hook(lambda _, args: kept.append(tracker.live))
-    ids = torch.randint(3, model.config.vocab_size, (ROWS, SEQ))
-    with tracker.mode:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            model(input_ids=ids, labels=ids).loss.backward()
-    return kept[0] / ids.numel()
+LAYERS, ROWS, SEQ = 4, 2, 256  # ROWS x SEQ: what conftest.kept_per_token runs
 
 
 @pytest.mark.parametrize("hidden,intermediate", [(256, 512), (128, 1536), (512, 1024)])
 @pytest.mark.parametrize("classic_amp", [False, True], ids=["bf16-weights", "classic-amp"])
-def test_a_frozen_recording_layer_keeps_the_traced_discount_less(tmp_path, live_bytes, hidden, intermediate,
+def test_a_frozen_recording_layer_keeps_the_traced_discount_less(tmp_path, kept_per_token, hidden, intermediate,
                                                                  classic_amp):  # fmt: skip
     from lmstack.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "m", data_dir=None, hidden_size=hidden, intermediate_size=intermediate,
                             num_hidden_layers=LAYERS)  # fmt: skip
     # the first layer trained (3 frozen above it) against the first three (1 frozen): layers 1 and 2 differ
-    one = _kept_per_token(path, live_bytes, "freeze", -1, classic_amp)
-    three = _kept_per_token(path, live_bytes, "freeze", -3, classic_amp)
+    one = kept_per_token(path, classic_amp, freeze_trainable_layers=-1)
+    three = kept_per_token(path, classic_amp, freeze_trainable_layers=-3)
     per_layer = (three - one) / 2
     expected = mem.frozen_layer_discount_bytes_per_token(hidden, intermediate, classic_amp, liger=False)
     assert per_layer == pytest.approx(expected, rel=0.01)  # measured: exact to the byte at every width
 
 
-def test_classic_amp_frozen_layers_keep_a_bf16_copy_of_their_weights(tmp_path, live_bytes):
+def test_classic_amp_frozen_layers_keep_a_bf16_copy_of_their_weights(tmp_path, kept_per_token):
     """Autocast caches the bf16 cast only of weights that require grad; a frozen fp32 weight is cast anew in
     every forward and its matmul keeps the copy for the input gradient: 2 B/param per recording frozen layer
     (estimate.frozen_layers_saving adds them back)."""
@@ -77,8 +44,8 @@ def test_classic_amp_frozen_layers_keep_a_bf16_copy_of_their_weights(tmp_path, l
                             num_hidden_layers=LAYERS)  # fmt: skip
     spec = ModelSpec.from_pretrained_dir(str(path))
     tokens = ROWS * SEQ
-    bf16 = _kept_per_token(path, live_bytes, "freeze", -1, False) * tokens
-    classic = _kept_per_token(path, live_bytes, "freeze", -1, True) * tokens
+    bf16 = kept_per_token(path, False, freeze_trainable_layers=-1) * tokens
+    classic = kept_per_token(path, True, freeze_trainable_layers=-1) * tokens
     copies = (LAYERS - 1) * mem.BF16_BYTES * spec.layer_params
     assert classic - bf16 > copies  # the copies, and the fp32 residual stream's wider tensors besides
 
@@ -113,7 +80,7 @@ def test_the_planner_counts_the_frozen_layers_with_the_discount(qwen):
     assert frozen_layers_saving(last.request.spec, last.configured.setup) == 0
 
 
-def test_a_trained_embedding_puts_every_frozen_layer_on_the_backwards_path(tmp_path, live_bytes, qwen):
+def test_a_trained_embedding_puts_every_frozen_layer_on_the_backwards_path(tmp_path, kept_per_token, qwen):
     """freeze_extra_modules: embed_tokens with the last layer trained: the backward reaches the embedding, so
     the three frozen layers below record too (traced: one frozen layer's bf16 figure each, 2(6h + 2kv + 3i) per
     token, to 2%), and the embedding's parameters train (gradients, optimizer states; the tied head with it).
@@ -128,8 +95,8 @@ def test_a_trained_embedding_puts_every_frozen_layer_on_the_backwards_path(tmp_p
     path = build_tiny_model(tmp_path / "m", data_dir=None, hidden_size=hidden, intermediate_size=intermediate,
                             num_hidden_layers=LAYERS)  # fmt: skip
     spec = ModelSpec.from_pretrained_dir(str(path))
-    layer_only = _kept_per_token(path, live_bytes, "freeze", 1, False)
-    with_embedding = _kept_per_token(path, live_bytes, "freeze", 1, False, extra="embed_tokens")
+    layer_only = kept_per_token(path, freeze_trainable_layers=1)
+    with_embedding = kept_per_token(path, freeze_trainable_layers=1, freeze_extra_modules="embed_tokens")
     frozen = mem.activation_bytes_per_token_layer(hidden, spec.kv_dim, intermediate)
     assert (with_embedding - layer_only) / (LAYERS - 1) == pytest.approx(frozen, rel=0.03)  # measured -2.2%
 

@@ -123,37 +123,10 @@ def test_searched_fsdp_rows_shard_the_reference_and_shard_grad_op_keeps_its_gath
 
 
 # ---- 2. LLaMA-Pro's scattered expanded blocks -----------------------------------------------------------------
-LAYERS, ROWS, SEQ = 4, 2, 256
+LAYERS = 4  # the probe (conftest.kept_per_token) runs 2 rows of 256 tokens
 
 
-def _kept_per_token(path, live_bytes, **yaml_kw) -> float:
-    """Bytes per token live when the final norm starts in one step without checkpointing (bf16 weights), the
-    model set up by lmstack's own freeze code (test_frozen_layers.py's probe)."""
-    from transformers import AutoModelForCausalLM
-
-    from lmstack.launch.context import LaunchContext
-    from lmstack.models.adapters import setup_finetuning
-    from lmstack.models.kernels import apply_training_kernels
-    from lmstack.plan.runplan import RunPlan
-
-    yaml = dict(output_dir="o", template="qwen", stage="sft", finetuning_type="freeze", bf16=True,
-                model_name_or_path=str(path), **yaml_kw)  # fmt: skip
-    p = replace(RunPlan.resolve(build_config(yaml), LaunchContext()), checkpointing=False)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="sdpa")
-    assert apply_training_kernels("chunked", model) == "chunked"
-    model = setup_finetuning(p.cfg, model)
-    model.train()
-    tracker, kept = live_bytes(model), []
-    model.get_decoder().norm.register_forward_pre_hook(lambda _, args: kept.append(tracker.live))
-    ids = torch.randint(3, model.config.vocab_size, (ROWS, SEQ))
-    with tracker.mode:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            model(input_ids=ids, labels=ids).loss.backward()
-    return kept[0] / ids.numel()
-
-
-def test_llama_pro_records_the_frozen_layers_between_its_expanded_blocks(tmp_path, live_bytes):
+def test_llama_pro_records_the_frozen_layers_between_its_expanded_blocks(tmp_path, kept_per_token):
     """4 layers, 2 expanded blocks (layers 1 and 3): layers 1, 2 and 3 record, against 2 and 3 with the last 2
     trained -- one more layer, a frozen one (a trained layer less the traced discount)."""
     from lmstack.tiny import build_tiny_model
@@ -161,9 +134,9 @@ def test_llama_pro_records_the_frozen_layers_between_its_expanded_blocks(tmp_pat
     hidden, intermediate = 256, 512
     path = build_tiny_model(tmp_path / "m", data_dir=None, hidden_size=hidden, intermediate_size=intermediate,
                             num_hidden_layers=LAYERS)  # fmt: skip
-    last1 = _kept_per_token(path, live_bytes, freeze_trainable_layers=1)
-    last2 = _kept_per_token(path, live_bytes, freeze_trainable_layers=2)
-    pro2 = _kept_per_token(path, live_bytes, freeze_trainable_layers=2, use_llama_pro=True)
+    last1 = kept_per_token(path, freeze_trainable_layers=1)
+    last2 = kept_per_token(path, freeze_trainable_layers=2)
+    pro2 = kept_per_token(path, freeze_trainable_layers=2, use_llama_pro=True)
     trained_layer = last2 - last1
     discount = mem.frozen_layer_discount_bytes_per_token(hidden, intermediate, False, False)
     assert pro2 - last2 == pytest.approx(trained_layer - discount, rel=0.01)
