@@ -147,6 +147,28 @@ def test_full_and_freeze_change_exactly_the_right_parameters(base_cfg, tiny_mode
         assert all(torch.equal(before[k], after[k]) for k in before if ".layers.1." not in k)
 
 
+def test_freeze_trainable_layers_past_the_layer_count_trains_every_layer_like_lf(base_cfg, tiny_model):
+    """LF clamps freeze_trainable_layers to the model's layers (range(max(0, N - k), N)): 5 on the 2-layer tiny
+    model trains both layers and nothing outside them."""
+    cfg = {**base_cfg, "finetuning_type": "freeze", "max_steps": 2, "learning_rate": 1e-3,
+           "freeze_trainable_layers": 5}  # fmt: skip
+    train(None, cfg)
+    before = load_file(Path(tiny_model) / "model.safetensors")
+    after = load_file(Path(cfg["output_dir"]) / "model.safetensors")
+    changed = {k for k, v in before.items() if not torch.equal(v, after[k])}
+    assert any(".layers.0." in k for k in changed) and any(".layers.1." in k for k in changed)
+    assert all(".layers." in k for k in changed), changed
+
+
+def test_freeze_trainable_layers_zero_without_extra_modules_fails_before_the_model_loads(
+    base_cfg, monkeypatch
+):
+    _no_model_load(monkeypatch)
+    cfg = {**base_cfg, "finetuning_type": "freeze", "freeze_trainable_layers": 0}
+    with pytest.raises(ConfigError, match=r"freeze_trainable_layers: 0 trains no decoder layer"):
+        train(None, cfg)
+
+
 def _no_model_load(monkeypatch):
     import lmstack.train.sft as sft
 

@@ -173,13 +173,10 @@ def apply_freeze(cfg: Config, model: Any) -> Any:
     k = ft.freeze_trainable_layers
     if ft.use_llama_pro:
         layer_ids = set(llama_pro_layers(n_layers, k))
-    elif k == 0 or abs(k) > n_layers:
-        raise ConfigError(
-            f"freeze_trainable_layers: got {k}; use 1..{n_layers} (last N layers) or "
-            f"-{n_layers}..-1 (first N layers)"
-        )
-    else:
-        layer_ids = set(range(n_layers - k, n_layers)) if k > 0 else set(range(-k))
+    else:  # LF's ranges: the last k layers, or the first -k, clamped to the model's layers (0: none)
+        if abs(k) > n_layers:
+            logger.info("freeze_trainable_layers: %d for a %d-layer model: every layer trains", k, n_layers)
+        layer_ids = set(range(max(0, n_layers - k), n_layers)) if k > 0 else set(range(min(-k, n_layers)))
     modules = (
         None
         if ft.freeze_trainable_modules.strip() == "all"

@@ -128,6 +128,7 @@ def check_lf_features(cfg: Config) -> None:
     """OFT, LLaMA-Pro, the DFT/EAFT/ASFT losses and generation for do_predict (LLaMA-Factory's rules)."""
     _check_oft(cfg)
     _check_llama_pro(cfg)
+    _check_freeze_layers(cfg)
     _check_losses(cfg)
     _check_predict(cfg)
 
@@ -172,6 +173,19 @@ def _check_llama_pro(cfg: Config) -> None:
         raise ConfigError(
             f"freeze_trainable_layers: got {k} with use_llama_pro; it is the number of expanded blocks, "
             "a positive divisor of the model's layer count"
+        )
+
+
+def _check_freeze_layers(cfg: Config) -> None:
+    """freeze_trainable_layers: 0 trains no decoder layer (LF: range(0)); with no freeze_extra_modules either,
+    nothing would train."""
+    ft = cfg.finetuning
+    if ft.finetuning_type != "freeze" or ft.use_llama_pro or ft.freeze_trainable_layers != 0:
+        return
+    if not (ft.freeze_extra_modules or "").strip():
+        raise ConfigError(
+            "freeze_trainable_layers: 0 trains no decoder layer and freeze_extra_modules is unset, so nothing "
+            "would train; use n > 0 (the last n layers), -n (the first n) or name freeze_extra_modules"
         )
 
 
