@@ -169,6 +169,34 @@ def test_freeze_trainable_layers_zero_without_extra_modules_fails_before_the_mod
         train(None, cfg)
 
 
+def test_freeze_extra_lm_head_on_a_tied_model_fails_before_the_model_loads(base_cfg, monkeypatch):
+    """The tiny model ties its head to the embedding: the one matrix is embed_tokens, and `lm_head` would match
+    no parameter and train nothing (LF refuses the name too)."""
+    _no_model_load(monkeypatch)
+    cfg = {**base_cfg, "finetuning_type": "freeze", "freeze_extra_modules": "lm_head"}
+    with pytest.raises(
+        ConfigError, match=r"freeze_extra_modules: lm_head is tied to the embedding.*embed_tokens"
+    ):
+        train(None, cfg)
+
+
+def test_freeze_extra_modules_naming_no_module_is_refused(base_cfg):
+    cfg = {**base_cfg, "finetuning_type": "freeze", "freeze_extra_modules": "embed_tokens,vision_tower"}
+    with pytest.raises(ConfigError, match=r"freeze_extra_modules: vision_tower names no module"):
+        train(None, cfg)
+
+
+def test_freeze_extra_embed_tokens_trains_the_embedding_and_the_last_layer(base_cfg, tiny_model):
+    cfg = {**base_cfg, "finetuning_type": "freeze", "max_steps": 2, "learning_rate": 1e-3,
+           "freeze_trainable_layers": 1, "freeze_extra_modules": "embed_tokens"}  # fmt: skip
+    train(None, cfg)
+    before = load_file(Path(tiny_model) / "model.safetensors")
+    after = load_file(Path(cfg["output_dir"]) / "model.safetensors")
+    changed = {k for k, v in before.items() if not torch.equal(v, after[k])}
+    assert "model.embed_tokens.weight" in changed and any(".layers.1." in k for k in changed)
+    assert not any(".layers.0." in k for k in changed), changed
+
+
 def _no_model_load(monkeypatch):
     import lmstack.train.sft as sft
 

@@ -183,12 +183,19 @@ def apply_freeze(cfg: Config, model: Any) -> Any:
         else {m.strip() for m in ft.freeze_trainable_modules.split(",")}
     )
     extra = {m.strip() for m in (ft.freeze_extra_modules or "").split(",") if m.strip()}
-    for name, param in model.named_parameters():
+    matched: set[str] = set()
+    for name, param in model.named_parameters():  # a tied head is listed once, as the embedding
         match = LAYER_RE.search(name)
         in_layer = match is not None and int(match.group(1)) in layer_ids
         module_ok = modules is None or any(f".{m}." in name for m in modules)
-        param.requires_grad = (in_layer and module_ok) or any(
-            name.startswith(e + ".") or f".{e}." in name for e in extra
+        hits = {e for e in extra if name.startswith(e + ".") or f".{e}." in name}
+        matched |= hits
+        param.requires_grad = (in_layer and module_ok) or bool(hits)
+    if extra - matched:  # LF refuses a module it cannot find, too
+        raise ConfigError(
+            f"freeze_extra_modules: {', '.join(sorted(extra - matched))} names no module with parameters "
+            "outside this model's layers (a head tied to the embedding is embed_tokens); remove it or name "
+            "one the model has, e.g. embed_tokens, norm"
         )
     logger.info(
         "Fine-tuning method: Freeze%s (trainable layers: %s)",

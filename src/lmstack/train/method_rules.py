@@ -180,24 +180,44 @@ def _check_freeze_layers(cfg: Config) -> None:
     """freeze_trainable_layers: 0 trains no decoder layer (LF: range(0)); with no freeze_extra_modules either,
     nothing would train."""
     ft = cfg.finetuning
-    if ft.finetuning_type != "freeze" or ft.use_llama_pro or ft.freeze_trainable_layers != 0:
+    if ft.finetuning_type != "freeze":
         return
-    if not (ft.freeze_extra_modules or "").strip():
+    extra = {m.strip() for m in (ft.freeze_extra_modules or "").split(",") if m.strip()}
+    if "lm_head" in extra and _ties_embeddings(cfg):
+        raise ConfigError(
+            "freeze_extra_modules: lm_head is tied to the embedding in this model (tie_word_embeddings: true): "
+            "the one shared matrix trains as embed_tokens; name embed_tokens instead of lm_head"
+        )
+    if ft.use_llama_pro or ft.freeze_trainable_layers != 0:
+        return
+    if not extra:
         raise ConfigError(
             "freeze_trainable_layers: 0 trains no decoder layer and freeze_extra_modules is unset, so nothing "
             "would train; use n > 0 (the last n layers), -n (the first n) or name freeze_extra_modules"
         )
 
 
-def _config_layers(cfg: Config) -> int | None:
-    """num_hidden_layers from the model's config.json (None when it cannot be read here)."""
+def _model_config(cfg: Config) -> dict:
+    """The model's config.json ({} when it cannot be read here)."""
     import json
     from pathlib import Path
 
     try:
-        config = json.loads((Path(cfg.model.model_name_or_path) / "config.json").read_text())
+        return json.loads((Path(cfg.model.model_name_or_path) / "config.json").read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+
+
+def _ties_embeddings(cfg: Config) -> bool:
+    config = _model_config(cfg)
+    return bool(
+        config.get("tie_word_embeddings", (config.get("text_config") or {}).get("tie_word_embeddings"))
+    )
+
+
+def _config_layers(cfg: Config) -> int | None:
+    """num_hidden_layers from the model's config.json (None when it cannot be read here)."""
+    config = _model_config(cfg)
     config = config.get("text_config") or config
     return config.get("num_hidden_layers") or config.get("num_layers")
 
