@@ -167,6 +167,14 @@ def _init_lora_weights(cfg: Config) -> bool | str:
     return f"pissa_niter_{cfg.finetuning.pissa_iter}"
 
 
+def freeze_extra_modules(cfg: Config) -> tuple[str, ...]:
+    """freeze_extra_modules as names (freeze-tuning only): the non-layer modules apply_freeze trains."""
+    ft = cfg.finetuning
+    if ft.finetuning_type != "freeze" or not ft.freeze_extra_modules:
+        return ()
+    return tuple(m.strip() for m in ft.freeze_extra_modules.split(",") if m.strip())
+
+
 def apply_freeze(cfg: Config, model: Any) -> Any:
     ft = cfg.finetuning
     n_layers = num_layers(model)
@@ -182,7 +190,7 @@ def apply_freeze(cfg: Config, model: Any) -> Any:
         if ft.freeze_trainable_modules.strip() == "all"
         else {m.strip() for m in ft.freeze_trainable_modules.split(",")}
     )
-    extra = {m.strip() for m in (ft.freeze_extra_modules or "").split(",") if m.strip()}
+    extra = set(freeze_extra_modules(cfg))
     matched: set[str] = set()
     for name, param in model.named_parameters():  # a tied head is listed once, as the embedding
         match = LAYER_RE.search(name)

@@ -79,6 +79,12 @@ class Setup:
     # stored in FP8) | "float8-training" (full: torchao's Float8Linear) | None (bf16 GEMMs)
     fp8: str | None = None
 
+    @property
+    def classic_amp(self) -> bool:
+        """fp32 weights in the model (master_weights: model): the whole model, frozen layers included, is fp32
+        and so is its residual stream; LoRA keeps its base in bf16 whatever the scheme."""
+        return self.fp32_model_weights and self.finetuning_type != "lora"
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -206,18 +212,12 @@ def _fp8_base(s: Setup) -> bool:
     return s.fp8 == "frozen-base" and s.finetuning_type == "lora" and s.quantization_bit is None
 
 
-def classic_amp(s: Setup) -> bool:
-    """fp32 weights in the model (master_weights: model): the whole model, frozen layers included, is fp32
-    and so is its residual stream; LoRA keeps its base in bf16 whatever the scheme."""
-    return s.fp32_model_weights and s.finetuning_type != "lora"
-
-
 def _frozen_weight_bytes(spec: ModelSpec, frozen: int, s: Setup) -> float:
     if _fp8_base(s):
         return sum(fp8_estimate.frozen_weight_bytes(spec))
     if s.quantization_bit is None or s.finetuning_type != "lora":
         # classic AMP loads the whole model in fp32 and freeze-tuning casts nothing back (models/adapters.py)
-        return (mem.FP32_BYTES if classic_amp(s) else mem.BF16_BYTES) * frozen
+        return (mem.FP32_BYTES if s.classic_amp else mem.BF16_BYTES) * frozen
     linear = spec.linear_params
     return mem.quantized_weight_bytes(linear, spec.num_params - linear, s.quantization_bit)
 
@@ -294,7 +294,7 @@ def model_states(spec: ModelSpec, s: Setup) -> _States:
     if s.offload_param:
         st.cpu += w_train + w_frozen
         w_train = w_frozen = w_fp8 = 0.0
-    if classic_amp(s) and stage == 0 and not s.offload_optimizer:
+    if s.classic_amp and stage == 0 and not s.offload_optimizer:
         # classic AMP: fp32 weights (4 B) and grads (4 B), Adam m+v (8 B) -- the same 16 B, split so
         w_train, grads, optim = 2 * w_train, 2 * grads, optim - mem.FP32_BYTES * trainable
     if n > 1 and stage == 0:  # DDP's gradient buckets: a second copy of the gradients
@@ -325,7 +325,7 @@ def activation_factor(s: Setup) -> float:
     factor = mem.BF16_ACTIVATION_CALIBRATION
     if s.finetuning_type == "lora" and s.fp32_adapters:
         factor *= mem.PEFT_LORA_ACTIVATION_FACTOR
-    if classic_amp(s):
+    if s.classic_amp:
         factor *= mem.FP32_RESIDUAL_ACTIVATION_FACTOR
     if not _liger(s):
         factor *= mem.STOCK_HF_ACTIVATION_FACTOR
@@ -391,6 +391,12 @@ def kept_recomputed(spec: ModelSpec, s: Setup) -> tuple[int, int]:
     return layers - recomputed, recomputed
 
 
+def every_layer_checkpointed(spec: ModelSpec, s: Setup) -> bool:
+    """Full checkpointing (offloaded or not): every decoder layer that stores activations recomputes, none
+    keeps them, so only their inputs are alive between the forward and each layer's recompute."""
+    return s.gradient_checkpointing and not kept_recomputed(spec, s)[0]
+
+
 def offloaded_activations(spec: ModelSpec, s: Setup) -> float:
     """CPU bytes of one rank's offloaded layer inputs (0 unless checkpoint_offload)."""
     if not s.checkpoint_offload:
@@ -406,7 +412,7 @@ def input_hidden(spec: ModelSpec, s: Setup) -> int:
     """The checkpointed layer inputs' width in bf16 units, the `hidden` memory's checkpointing formulas count
     2 B of: the hidden size, twice it under classic AMP, whose residual stream (and so every layer's input)
     is fp32."""
-    return spec.hidden_size * (mem.FP32_BYTES // mem.BF16_BYTES if classic_amp(s) else 1)
+    return spec.hidden_size * (mem.FP32_BYTES // mem.BF16_BYTES if s.classic_amp else 1)
 
 
 def frozen_recording_layers(spec: ModelSpec, s: Setup) -> int:
@@ -431,11 +437,11 @@ def frozen_layers_saving(spec: ModelSpec, s: Setup) -> float:
     if not frozen:
         return 0.0
     per_token = mem.frozen_layer_discount_bytes_per_token(
-        spec.hidden_size, spec.intermediate_size, classic_amp(s), _liger(s)
+        spec.hidden_size, spec.intermediate_size, s.classic_amp, _liger(s)
     )
     full = train_tokens(s) * _layer_bytes_per_token(spec, s) * activation_factor(s)
     saving = min(train_tokens(s) * per_token, full)  # never below nothing
-    copies = mem.BF16_BYTES * spec.layer_params if classic_amp(s) else 0.0
+    copies = mem.BF16_BYTES * spec.layer_params if s.classic_amp else 0.0
     return frozen * (saving - copies)
 
 
@@ -463,7 +469,7 @@ def activations(spec: ModelSpec, s: Setup) -> float:
         start,
         recompute,
     )
-    return checkpointed + (outside_layers_bytes(spec, s) if not kept else 0.0)
+    return checkpointed + (outside_layers_bytes(spec, s) if every_layer_checkpointed(spec, s) else 0.0)
 
 
 def outside_layers_bytes(spec: ModelSpec, s: Setup) -> float:
@@ -477,7 +483,7 @@ def outside_layers_bytes(spec: ModelSpec, s: Setup) -> float:
     rows = s.micro_batch * s.rows_per_example
     mask_bytes = 0
     if s.attention == "eager":
-        mask_bytes = mem.FP32_BYTES if classic_amp(s) else mem.BF16_BYTES
+        mask_bytes = mem.FP32_BYTES if s.classic_amp else mem.BF16_BYTES
     elif s.attention == "sdpa" and (s.packed or rows > 1):
         mask_bytes = 1  # bool
     mask = mask_bytes * rows * s.seq_len * s.seq_len
@@ -560,14 +566,15 @@ def _loss_head_bytes(spec: ModelSpec, s: Setup) -> float:
     if s.loss_path == "value_head":
         # the margin was fitted on a bf16 model; classic AMP's residual stream is fp32, twice the bytes (the
         # traced full rm run, snap_r4_rm_0.5b_full_mb4: 0.82 GiB above the bf16 margin's 0.79)
-        widen = mem.FP32_BYTES / mem.BF16_BYTES if classic_amp(s) else 1.0
+        widen = mem.FP32_BYTES / mem.BF16_BYTES if s.classic_amp else 1.0
         hidden_states = (
             widen * mem.VALUE_HEAD_MARGIN_BYTES * tokens * spec.hidden_size * (spec.num_layers + 1)
         )
         return mem.VALUE_HEAD_INPUT_BYTES * tokens * spec.hidden_size + hidden_states
     if s.fused_ce and not _liger(s):  # lmstack's chunked linear CE (models/kernels.py)
-        every_layer_checkpointed = s.gradient_checkpointing and not kept_recomputed(spec, s)[0]
-        return mem.chunked_ce_bytes(tokens, spec.vocab_size, spec.hidden_size, full, every_layer_checkpointed)
+        return mem.chunked_ce_bytes(
+            tokens, spec.vocab_size, spec.hidden_size, full, every_layer_checkpointed(spec, s)
+        )
     return mem.logits_bytes(tokens, spec.vocab_size, s.fused_ce, zero3=s.deepspeed_stage == 3)
 
 
@@ -578,7 +585,7 @@ def recompute_phase_bytes(spec: ModelSpec, s: Setup) -> float | None:
     the time the first layer recomputes, so they never coexist with it: only what they add above it counts.
     None otherwise (no checkpointing; partial checkpointing, whose kept layers the loss adds to). The value
     head (rm) keeps the summed rows: its margin was fitted on runs without checkpointing."""
-    if not s.gradient_checkpointing or kept_recomputed(spec, s)[0] or s.loss_path == "value_head":
+    if not every_layer_checkpointed(spec, s) or s.loss_path == "value_head":
         return None
     return _recompute_layer_bytes(spec, s) + train_tokens(s) * _recompute_backward_per_token(spec, s)
 
@@ -605,7 +612,7 @@ def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ..
     weight whose bf16 copy autocast keeps for the backward: autocast caches the weights that require grad,
     and freeze-tuning's frozen layers build no graph (or one layer at a time, recomputed), so there only the
     trainable layers and the head the loss backpropagates through carry it."""
-    if not classic_amp(s) or s.optimizer_batch <= s.micro_batch or not _unsharded(s):
+    if not s.classic_amp or s.optimizer_batch <= s.micro_batch or not _unsharded(s):
         return ()
     trainable, _, _ = _trainable_frozen(spec, s)
     weights = trainable if s.finetuning_type == "full" else trainable + spec.vocab_size * spec.hidden_size

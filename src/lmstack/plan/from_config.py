@@ -92,20 +92,13 @@ def stage_fields(plan: RunPlan, spec: ModelSpec) -> dict:
 SIZED_FREEZE_EXTRA_MODULES = ("embed_tokens", "lm_head", "norm")  # estimate.freeze_extra_params
 
 
-def _freeze_extra_modules(cfg: Config) -> tuple[str, ...]:
-    """freeze_extra_modules as names (freeze-tuning only; models/adapters.apply_freeze reads the same field)."""
-    ft = cfg.finetuning
-    if ft.finetuning_type != "freeze" or not ft.freeze_extra_modules:
-        return ()
-    return tuple(m.strip() for m in ft.freeze_extra_modules.split(",") if m.strip())
-
-
 def _unmodelled(cfg: Config) -> tuple[str, ...]:
     """Terms the memory model does not count for this run (a note in the table, never silence)."""
+    from lmstack.models.adapters import freeze_extra_modules
     from lmstack.models.vision import vision_model_type
 
     ft = cfg.finetuning
-    unsized = [m for m in _freeze_extra_modules(cfg) if m not in SIZED_FREEZE_EXTRA_MODULES]
+    unsized = [m for m in freeze_extra_modules(cfg) if m not in SIZED_FREEZE_EXTRA_MODULES]
     notes = (
         (
             f"freeze_extra_modules: {', '.join(unsized)} not sized by the planner (it sizes "
@@ -197,6 +190,8 @@ def request_from_plan(
     `lengths`: the data's own row lengths (plan/lengths.py) for an unpacked run; None = cutoff_len.
     `available` / `disk_free_gib`: this machine's optional packages and free disk at output_dir (None: the
     recommendation assumes everything installed / does not check the disk)."""
+    from lmstack.models.adapters import freeze_extra_modules
+
     cfg = plan.cfg
     spec = ModelSpec.from_pretrained_dir(cfg.model.model_name_or_path)
     t, ft = cfg.training, cfg.finetuning
@@ -254,7 +249,7 @@ def request_from_plan(
         pure_bf16=ft.pure_bf16,
         freeze_trainable_layers=ft.freeze_trainable_layers,
         llama_pro=ft.use_llama_pro,
-        freeze_extra_modules=_freeze_extra_modules(cfg),
+        freeze_extra_modules=freeze_extra_modules(cfg),
         optimizer=_optimizer(cfg),
         adam_foreach=t.optim == "adamw_torch",
         master_weights=t.master_weights,

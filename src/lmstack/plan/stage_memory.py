@@ -57,17 +57,15 @@ REFERENCE_COPY_LIKE_THE_POLICY = False
 def reference_copy_bytes_per_param(s: Setup) -> int:
     """train/rlhf.load_frozen_model loads the frozen copy in the compute dtype (bf16; LF does the same), so it is
     bf16 under every scheme. Before, it loaded like the policy (RunPlan.model_spec's load dtype): fp32 under
-    classic AMP, traced on the H200 (plan_accuracy.json `snap_r8_dpo_1.5b_full_mb2_ckpt`: 11.50 GiB of weights
+    classic AMP (Setup.classic_amp), traced on the H200 (plan_accuracy.json `snap_r8_dpo_1.5b_full_mb2_ckpt`: 11.50 GiB of weights
     for the 1.5B policy and its reference, two fp32 copies), and fp32 under FSDP for full/freeze, which shards
     a module as loaded (MixedPrecision casts only the gathered copies; tests/unit/plan/test_review8.py);
-    REFERENCE_COPY_LIKE_THE_POLICY models those runs. (estimate.classic_amp's rule is spelled out, not
-    imported: estimate imports this module.)"""
+    REFERENCE_COPY_LIKE_THE_POLICY models those runs."""
     if not REFERENCE_COPY_LIKE_THE_POLICY:
         return mem.BF16_BYTES
     full_or_freeze = s.finetuning_type != "lora"
-    classic_amp = s.fp32_model_weights and full_or_freeze
     fsdp_fp32 = s.fsdp is not None and full_or_freeze and not s.pure_bf16 and s.optimizer != "badam"
-    return mem.FP32_BYTES if classic_amp or fsdp_fp32 else mem.BF16_BYTES
+    return mem.FP32_BYTES if s.classic_amp or fsdp_fp32 else mem.BF16_BYTES
 
 
 def reference_copy_bytes(spec: ModelSpec, s: Setup) -> float:

@@ -182,7 +182,9 @@ def _check_freeze_layers(cfg: Config) -> None:
     ft = cfg.finetuning
     if ft.finetuning_type != "freeze":
         return
-    extra = {m.strip() for m in (ft.freeze_extra_modules or "").split(",") if m.strip()}
+    from lmstack.models.adapters import freeze_extra_modules
+
+    extra = set(freeze_extra_modules(cfg))
     if "lm_head" in extra and _ties_embeddings(cfg):
         raise ConfigError(
             "freeze_extra_modules: lm_head is tied to the embedding in this model (tie_word_embeddings: true): "
