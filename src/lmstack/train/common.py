@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lmstack.config.errors import LmstackError
 from lmstack.config.load import save_config
 from lmstack.config.schema import Config
 from lmstack.plan.runplan import RunPlan
@@ -79,7 +80,7 @@ def training_arguments(plan: RunPlan) -> Any:
         train_sampling_strategy="sequential" if cfg.finetuning.disable_shuffling else "random",
         run_name=t.run_name,  # trackers' run name (LF passes it through)
     )
-    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    fields = init_fields(TrainingArguments)
     if "warmup_ratio" in fields:  # transformers < 5.x had a separate ratio field
         kwargs.update(warmup_ratio=t.warmup_ratio, warmup_steps=t.warmup_steps)
     else:
@@ -88,9 +89,33 @@ def training_arguments(plan: RunPlan) -> Any:
         kwargs.update(fsdp=t.fsdp, fsdp_config=t.fsdp_config)
     if t.logging_dir and "logging_dir" in fields:
         kwargs["logging_dir"] = t.logging_dir
-    if "train_sampling_strategy" not in fields:
+    if "train_sampling_strategy" not in fields:  # older transformers: always the random sampler
         kwargs.pop("train_sampling_strategy")
-    return TrainingArguments(**{k: v for k, v in kwargs.items() if k in fields})
+    return checked_init(TrainingArguments, kwargs)
+
+
+def init_fields(cls: type) -> set[str]:
+    """The keyword arguments a dataclass (TrainingArguments, a TRL config) takes."""
+    return {f.name for f in dataclasses.fields(cls) if f.init}
+
+
+def checked_init(cls: type, kwargs: dict[str, Any]) -> Any:
+    """`cls(**kwargs)`, refusing a key the installed class lacks: dropping it would silently run
+    without a setting the YAML asked for (a renamed field after an upgrade, say)."""
+    unknown = sorted(set(kwargs) - init_fields(cls))
+    if unknown:
+        from importlib.metadata import PackageNotFoundError, version
+
+        package = cls.__module__.split(".")[0]
+        try:
+            installed = f"{package} {version(package)}"
+        except PackageNotFoundError:
+            installed = f"the installed {package}"
+        raise LmstackError(
+            f"{cls.__name__} of {installed} has no field {', '.join(unknown)}, which lmstack sets; "
+            "install the transformers/TRL versions lmstack supports (pyproject.toml)"
+        )
+    return cls(**kwargs)
 
 
 def checkpoint_kwargs(cfg: Config) -> dict:

@@ -48,6 +48,8 @@ def run(plan: RunPlan) -> dict:
 
     g = cfg.generating
     config_cls, trainer_cls = TRAINERS[cfg.finetuning.stage]
+    # rloo only: GRPOConfig has no such field (GRPO always scales by the group std)
+    rloo_kwargs = {"normalize_advantages": cfg.finetuning.ppo_score_norm} if config_cls is RLOOConfig else {}
     args = rlhf.trl_config(
         plan,
         config_cls,
@@ -58,8 +60,8 @@ def run(plan: RunPlan) -> dict:
         top_k=g.top_k,
         repetition_penalty=g.repetition_penalty,
         beta=cfg.finetuning.pref_beta,
-        normalize_advantages=cfg.finetuning.ppo_score_norm,  # rloo only (GRPO always scales by the group std)
         log_completions=False,
+        **rloo_kwargs,
     )
     trainer = trainer_cls(
         model=model,

@@ -23,12 +23,12 @@ logger = logging.getLogger(__name__)
 
 def trl_config(plan: RunPlan, config_cls: type, **extra: Any) -> Any:
     """A TRL config (a TrainingArguments subclass) with every field our YAML sets, plus `extra`.
-    TRL's own defaults (e.g. gradient_checkpointing=True, bf16=True) never leak in."""
+    TRL's own defaults (e.g. gradient_checkpointing=True, bf16=True) never leak in. A key the installed
+    config lacks is refused (common.checked_init), never dropped."""
     base = common.training_arguments(plan)
-    names = {f.name for f in dataclasses.fields(config_cls) if f.init}
-    kwargs = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init and f.name in names}
-    kwargs.update({k: v for k, v in extra.items() if k in names})
-    return config_cls(**kwargs)
+    kwargs = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
+    kwargs.update(extra)
+    return common.checked_init(config_cls, kwargs)
 
 
 def to_dataset(rows: Iterable[dict], adapt: Callable[[dict], dict]) -> Any:
