@@ -53,7 +53,11 @@ def run(plan: RunPlan) -> dict:
     tokenizer, template = common.tokenizer_and_template(cfg)
     prompts = [row["input_ids"] for row in build_datasets(cfg, tokenizer, template).train.to_samples()]
 
-    backbone = setup_finetuning(cfg, load_model(plan.model_spec(), tokenizer), lora_kernel=plan.lora_kernel)
+    backbone = load_model(plan.model_spec(), tokenizer)
+    # the PPO updates run in train mode (checkpointed); rollouts generate in eval mode, which never
+    # recomputes, so sampling keeps its KV cache
+    common.enable_gradient_checkpointing(plan, backbone)
+    backbone = setup_finetuning(cfg, backbone, lora_kernel=plan.lora_kernel)
     backbone = apply_speedups(plan.speedup_spec(), backbone)  # FP8 GEMMs (plan.fp8)
     policy = ValueHeadModel(backbone).to(device)
     ref_model = rlhf.reference_model(plan, tokenizer)
