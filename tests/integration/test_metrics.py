@@ -84,8 +84,6 @@ def test_compute_accuracy_without_effect_warns_once(base_cfg, caplog):
     cases = [
         ({"compute_accuracy": True}, "without evaluation data"),
         ({"compute_accuracy": True, "val_size": 0.1}, "nothing is evaluated"),
-        ({"compute_accuracy": True, "stage": "dpo", "dataset": "dpo_en_demo"}, "for stage dpo"),
-        ({"compute_accuracy": True, "stage": "rm", "dataset": "dpo_en_demo"}, "its own pairwise"),
     ]
     for extra, words in cases:
         caplog.clear()
@@ -102,6 +100,24 @@ def test_compute_accuracy_without_effect_warns_once(base_cfg, caplog):
         with caplog.at_level(logging.WARNING):
             plan_run(load_config(None, {**base_cfg, **extra}))
         assert "compute_accuracy" not in caplog.text, extra
+
+
+@pytest.mark.parametrize(
+    "stage,words",
+    [("dpo", "stage dpo; token accuracy"), ("rm", r"stage rm \(it reports its own pairwise eval_accuracy\)")],
+)
+def test_compute_accuracy_on_a_stage_without_token_accuracy_is_refused(base_cfg, stage, words):
+    from lmstack.config.errors import ConfigError
+
+    extra = {
+        "compute_accuracy": True,
+        "val_size": 0.1,
+        "do_eval": True,
+        "stage": stage,
+        "dataset": "dpo_en_demo",
+    }
+    with pytest.raises(ConfigError, match=rf"compute_accuracy: true is not available for {words}"):
+        plan_run(load_config(None, {**base_cfg, **extra}))
 
 
 def test_row_accuracy_scores_the_shifted_trained_labels_and_skips_empty_rows():

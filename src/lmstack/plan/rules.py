@@ -163,6 +163,20 @@ def own_loop_optimizer(plan: RunPlan) -> str | None:
     return None
 
 
+def accuracy_stage(plan: RunPlan) -> str | None:
+    """compute_accuracy is honoured only where the stage's trainer computes token accuracy
+    (StageSpec.eval_accuracy); elsewhere the run would silently report none."""
+    if plan.cfg.finetuning.compute_accuracy and not plan.stage.eval_accuracy:
+        from lmstack.config.stages import stages_where
+
+        own = " (it reports its own pairwise eval_accuracy)" if plan.stage.name == "rm" else ""
+        raise ConfigError(
+            f"compute_accuracy: true is not available for stage {plan.stage.name}{own}; token accuracy at "
+            f"evaluation is reported by stages {' and '.join(stages_where('eval_accuracy'))}; remove it"
+        )
+    return None
+
+
 def deepspeed_installed(plan: RunPlan) -> str | None:
     if plan.deepspeed is not None and not plan.ctx.has("deepspeed"):
         raise ConfigError(
@@ -354,6 +368,7 @@ RULES: list[Rule] = [
     qlora_with_zero3,
     single_process_stage,
     own_loop_optimizer,
+    accuracy_stage,
     # GaLore / APOLLO / BAdam combinations (REFERENCE §2.3) are checked by train/method_rules.py
 ]
 # rules about this machine and this launch: `lmstack train` applies them, `lmstack check` (which may

@@ -17,7 +17,6 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 IGNORE_INDEX = -100
-ACCURACY_STAGES = ("sft", "pt")  # stages whose trainer is common.build_trainer (causal-LM loss on labels)
 
 
 def argmax_ids(logits: Any, labels: Any) -> Any:
@@ -90,25 +89,18 @@ def accuracy_trainer_kwargs(compute_accuracy: bool) -> dict[str, Any]:
     return {"compute_metrics": TokenAccuracy(), "preprocess_logits_for_metrics": argmax_ids}
 
 
-def warn_compute_accuracy(
-    compute_accuracy: bool, stage: str, has_eval_data: bool, evaluates: bool
-) -> str | None:
-    """Logs (and returns) why `compute_accuracy: true` has no effect on this run; None when it has one."""
-    note = _no_effect(compute_accuracy, stage, has_eval_data, evaluates)
+def warn_compute_accuracy(compute_accuracy: bool, has_eval_data: bool, evaluates: bool) -> str | None:
+    """Logs (and returns) why `compute_accuracy: true` has no effect on this run; None when it has one.
+    A stage that reports no token accuracy is refused by plan/rules.accuracy_stage."""
+    note = _no_effect(compute_accuracy, has_eval_data, evaluates)
     if note:
         logger.warning(note)
     return note
 
 
-def _no_effect(compute_accuracy: bool, stage: str, has_eval_data: bool, evaluates: bool) -> str | None:
+def _no_effect(compute_accuracy: bool, has_eval_data: bool, evaluates: bool) -> str | None:
     if not compute_accuracy:
         return None
-    if stage not in ACCURACY_STAGES:
-        own = " (it reports its own pairwise eval_accuracy)" if stage == "rm" else ""
-        return (
-            f"compute_accuracy: has no effect for stage {stage}{own}; token accuracy at evaluation is "
-            f"reported by stages {' and '.join(ACCURACY_STAGES)}; remove it"
-        )
     if not has_eval_data:
         return (
             "compute_accuracy: has no effect without evaluation data; set val_size (e.g. 0.1) or "

@@ -68,10 +68,11 @@ def _accuracy(plan: RunPlan) -> None:
     from lmstack.train.metrics import warn_compute_accuracy
 
     cfg = plan.cfg
-    if plan.is_main:  # a warning when it has no effect: another stage, or nothing is evaluated
+    if (
+        plan.is_main and plan.stage.eval_accuracy
+    ):  # a warning when nothing is evaluated (rules refuse a stage)
         warn_compute_accuracy(
             cfg.finetuning.compute_accuracy,
-            cfg.finetuning.stage,
             has_eval_data=bool(cfg.data.val_size or cfg.data.eval_dataset),
             evaluates=cfg.training.do_eval or cfg.training.eval_strategy != "no",
         )

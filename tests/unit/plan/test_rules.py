@@ -168,3 +168,18 @@ def test_ppo_optimizer_follows_optim(base_cfg, optim, fused):
     cfg = build_config({**base_cfg, "stage": "ppo", "reward_model": "r", "optim": optim})
     optimizer, _ = _optimizer(cfg, torch.nn.Linear(4, 4), total=10)
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is fused
+
+
+def test_compute_accuracy_follows_the_stage_spec(base_cfg):
+    """A stage reports token accuracy only where its spec says so (StageSpec.eval_accuracy)."""
+    from lmstack.config.stages import STAGE_SPECS
+
+    for name, spec in STAGE_SPECS.items():
+        found = [
+            p
+            for p in problems(base_cfg, stage=name, compute_accuracy=True)
+            if p.startswith("compute_accuracy")
+        ]
+        assert bool(found) is not spec.eval_accuracy, (name, found)
+        assert not [p for p in problems(base_cfg, stage=name) if p.startswith("compute_accuracy")]
+    assert {n for n, s in STAGE_SPECS.items() if s.eval_accuracy} == {"pt", "sft"}
