@@ -61,7 +61,8 @@ def test_full_checkpointing_counts_the_embedding_output_and_the_packed_mask(spec
     s = Setup(finetuning_type="lora", micro_batch=16, seq_len=2048, gradient_checkpointing=True)
     tokens = train_tokens(s)
     assert outside_layers_bytes(spec, s) == pytest.approx(tokens * 2 * spec.hidden_size + 16 * 2048**2)
-    # one unpacked row: no padding, SDPA's is_causal and no mask (a padded batch has one: test_review8.py)
+    # one unpacked row: no padding, SDPA's is_causal and no mask (a padded batch has one:
+    # test_reference_copy_and_recorded_layers.py)
     assert outside_layers_bytes(spec, replace(s, packed=False, micro_batch=1)) == pytest.approx(
         tokens / 16 * 2 * spec.hidden_size
     )

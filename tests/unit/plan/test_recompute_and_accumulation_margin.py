@@ -1,5 +1,5 @@
-"""Review of issue 20's planner rules (full checkpointing's recompute, the accumulation margin under classic
-AMP, the loss head above the recompute): the cases where they gave a wrong number, each through the path
+"""The planner rules for full checkpointing's recompute, the accumulation margin under classic
+AMP, the loss head above the recompute: the cases where they once gave a wrong number, each through the path
 `lmstack plan` takes (a YAML on a config.json-only Qwen2.5 folder) or the run's own code path on CPU."""
 
 from __future__ import annotations

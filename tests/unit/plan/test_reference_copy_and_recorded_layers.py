@@ -1,4 +1,5 @@
-"""Review of round 8's planner rules (issue 20): the cases where they gave a wrong number.
+"""The planner rules for the reference copy, the recorded layers and the mask: the cases where they once
+gave a wrong number.
 
 1. FSDP keeps the frozen reference copy in its load dtype: TRL's prepare_fsdp shards the copy as it is and
    MixedPrecision only casts the gathered copies to bf16. decide.precision loads a full/freeze model in fp32
