@@ -267,16 +267,15 @@ def test_kto_raises_the_desirable_margin(cfg):
 def test_kto_with_batch_size_1_trains_like_llama_factory(cfg):
     """LF accepts per_device_train_batch_size: 1 for kto (its KL pairs are built while preprocessing);
     TRL alone refuses it. The KL answers come from other rows, never the row's own answer."""
-    from lmstack.train.kto import build
+    from lmstack.train.kto import PretokenizedKTOTrainer
 
     run = {**cfg, "stage": "kto", "dataset": "kto_en_demo", "per_device_train_batch_size": 1, "max_steps": 3}
     metrics = train(None, run)
     assert metrics["train_loss"] > 0
-    trainer_cls = build(4)
     rows = {"completion_ids": [[1], [2], [3], [4], [5], [6]], "prompt_ids": [[0]] * 6, "label": [True] * 6}
     from datasets import Dataset
 
-    paired = trainer_cls._prepare_dataset(
+    paired = PretokenizedKTOTrainer._prepare_dataset(
         type("T", (), {"calculate_KL": True, "kl_chunk": 4})(), Dataset.from_dict(rows), None, None, "train"
     )
     assert paired["KL_completion_ids"] == [[4], [3], [2], [1], [6], [5]]  # LF: reversed per chunk

@@ -74,14 +74,14 @@ HOOKS: tuple[Hook, ...] = (
         "trl.experimental.orpo:ORPOTrainer",
         "tokenize_row",
         ("feature", "model"),
-        "lmstack.train.dpo:_rows_trainer",
+        "lmstack.train.pref_rows:PretokenizedRows",
         exact=True,
     ),
     Hook(
         "trl.experimental.cpo:CPOTrainer",
         "tokenize_row",
         ("feature", "model"),
-        "lmstack.train.dpo:_rows_trainer",
+        "lmstack.train.pref_rows:PretokenizedRows",
         exact=True,
     ),
     # train/grpo.py: prompts are our template's rendering, tokenized as they are

@@ -177,16 +177,14 @@ def build_trainer(
     """transformers.Trainer made reliable (staged checkpoints + manifest, SIGTERM save, on_nonfinite),
     with lmstack's callbacks, the method optimizer (LoRA+, GaLore, APOLLO, BAdam, Muon, Adam-mini) and
     the custom token loss (DFT, EAFT, ASFT with its reference model) if any."""
-    from transformers import Trainer
-
-    from lmstack.reliability.trainer import reliable
     from lmstack.train import losses
+    from lmstack.train.lm_trainer import ReliableSFTTrainer
     from lmstack.train.master_weights import with_master_weights
     from lmstack.train.metrics import accuracy_trainer_kwargs
     from lmstack.train.optimizers import create_optimizer, method_callbacks
 
     cfg = plan.cfg
-    trainer_cls = reliable(Trainer)
+    trainer_cls: type = ReliableSFTTrainer
     if plan.precision.master_weights == "optimizer":  # bf16 model, fp32 masters in the optimizer
         trainer_cls = with_master_weights(trainer_cls)
     if losses.active_loss(cfg) == "use_asft_loss":  # the reference logits of every batch
@@ -285,7 +283,7 @@ def make_callbacks(cfg: Config) -> list:
 
     from lmstack.reliability.trainer import manifest_callback
 
-    # manifest: only where `reliable` is not used; with the config, so it records the run
+    # manifest: only for trainers without ReliableMixin; with the config, so it records the run
     return [
         LogCallback(),
         SaveLastStep(),
@@ -335,7 +333,7 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
         save_config(cfg, Path(cfg.training.output_dir) / CONFIG_FILE, plan_lines=plan.describe())
         from lmstack.reliability.manifest import RUN_MANIFEST, write_run_manifest
 
-        if not (Path(cfg.training.output_dir) / RUN_MANIFEST).is_file():  # `reliable` trainers wrote it
+        if not (Path(cfg.training.output_dir) / RUN_MANIFEST).is_file():  # ReliableMixin trainers wrote it
             write_run_manifest(cfg, plan=plan.to_dict())
         if cfg.finetuning.plot_loss:
             from lmstack.train.plots import plot_metrics
