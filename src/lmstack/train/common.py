@@ -80,18 +80,22 @@ def training_arguments(plan: RunPlan) -> Any:
         train_sampling_strategy="sequential" if cfg.finetuning.disable_shuffling else "random",
         run_name=t.run_name,  # trackers' run name (LF passes it through)
     )
-    fields = init_fields(TrainingArguments)
+    if plan.fsdp is not None and plan.fsdp.source == "yaml":
+        kwargs.update(fsdp=t.fsdp, fsdp_config=t.fsdp_config)
+    _version_branches(kwargs, t, init_fields(TrainingArguments))
+    return checked_init(TrainingArguments, kwargs)
+
+
+def _version_branches(kwargs: dict[str, Any], t: Any, fields: set[str]) -> None:
+    """The fields the supported transformers versions spell differently (deliberate, by version)."""
     if "warmup_ratio" in fields:  # transformers < 5.x had a separate ratio field
         kwargs.update(warmup_ratio=t.warmup_ratio, warmup_steps=t.warmup_steps)
     else:
         kwargs["warmup_steps"] = t.warmup_steps if t.warmup_steps > 0 else t.warmup_ratio
-    if plan.fsdp is not None and plan.fsdp.source == "yaml":
-        kwargs.update(fsdp=t.fsdp, fsdp_config=t.fsdp_config)
     if t.logging_dir and "logging_dir" in fields:
         kwargs["logging_dir"] = t.logging_dir
     if "train_sampling_strategy" not in fields:  # older transformers: always the random sampler
         kwargs.pop("train_sampling_strategy")
-    return checked_init(TrainingArguments, kwargs)
 
 
 def init_fields(cls: type) -> set[str]:
@@ -274,6 +278,21 @@ def make_callbacks(cfg: Config) -> list:
             with (Path(args.output_dir) / LOG_FILE).open("a") as fh:
                 fh.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")
 
+    from lmstack.reliability.trainer import manifest_callback
+
+    # manifest: only for trainers without ReliableMixin; with the config, so it records the run
+    return [
+        LogCallback(),
+        _save_last_step(),
+        manifest_callback(cfg),
+        *best_model.callbacks(cfg),
+        *trackers.callbacks(cfg),
+    ]
+
+
+def _save_last_step() -> Any:
+    from transformers import TrainerCallback
+
     class SaveLastStep(TrainerCallback):
         """The final step is always checkpointed (checkpoint-<max_steps> exists after every run)."""
 
@@ -281,16 +300,7 @@ def make_callbacks(cfg: Config) -> list:
             if args.save_strategy != "no" and state.global_step >= state.max_steps:
                 control.should_save = True
 
-    from lmstack.reliability.trainer import manifest_callback
-
-    # manifest: only for trainers without ReliableMixin; with the config, so it records the run
-    return [
-        LogCallback(),
-        SaveLastStep(),
-        manifest_callback(cfg),
-        *best_model.callbacks(cfg),
-        *trackers.callbacks(cfg),
-    ]
+    return SaveLastStep()
 
 
 def _hms(seconds: float) -> str:

@@ -70,29 +70,10 @@ def build_trainer(
         processing_class=tokenizer,
         callbacks=common.make_callbacks(cfg),
     )
-    if ft.pref_loss == "orpo":
-        from trl.experimental.orpo import ORPOConfig
+    if ft.pref_loss in REFERENCE_FREE:  # TRL's experimental trainers, imported only for these
+        from lmstack.train.pref_rows import reference_free_trainer
 
-        from lmstack.train.pref_rows import ReliableORPOTrainer
-
-        args = rlhf.trl_config(plan, ORPOConfig, beta=ft.pref_beta, max_length=cfg.data.cutoff_len)
-        return ReliableORPOTrainer(args=args, **common_kwargs)
-    if ft.pref_loss == "simpo":
-        from trl.experimental.cpo import CPOConfig
-
-        from lmstack.train.pref_rows import ReliableCPOTrainer
-
-        args = rlhf.trl_config(
-            plan,
-            CPOConfig,
-            loss_type="simpo",
-            beta=ft.pref_beta,
-            simpo_gamma=ft.simpo_gamma,
-            cpo_alpha=ft.pref_ftx,
-            max_length=cfg.data.cutoff_len,
-        )
-        return ReliableCPOTrainer(args=args, **common_kwargs)
-
+        return reference_free_trainer(plan, common_kwargs)
     loss_types, weights = [ft.pref_loss], [1.0]
     if ft.dpo_label_smoothing > 0:
         logger.info(

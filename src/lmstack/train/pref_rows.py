@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from trl.experimental.cpo import CPOTrainer
-from trl.experimental.orpo import ORPOTrainer
+from trl.experimental.cpo import CPOConfig, CPOTrainer
+from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
 from lmstack.data.encode import IGNORE_INDEX
+from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.trainer import ReliableMixin
+from lmstack.train import rlhf
 
 
 class PretokenizedRows:
@@ -32,3 +34,22 @@ class ReliableORPOTrainer(ReliableMixin, PretokenizedRows, ORPOTrainer):
 
 class ReliableCPOTrainer(ReliableMixin, PretokenizedRows, CPOTrainer):
     """pref_loss: simpo."""
+
+
+def reference_free_trainer(plan: RunPlan, common_kwargs: dict) -> Any:
+    """pref_loss orpo -> ORPOTrainer; simpo -> CPOTrainer(loss_type="simpo")."""
+    cfg = plan.cfg
+    ft = cfg.finetuning
+    if ft.pref_loss == "orpo":
+        args = rlhf.trl_config(plan, ORPOConfig, beta=ft.pref_beta, max_length=cfg.data.cutoff_len)
+        return ReliableORPOTrainer(args=args, **common_kwargs)
+    args = rlhf.trl_config(
+        plan,
+        CPOConfig,
+        loss_type="simpo",
+        beta=ft.pref_beta,
+        simpo_gamma=ft.simpo_gamma,
+        cpo_alpha=ft.pref_ftx,
+        max_length=cfg.data.cutoff_len,
+    )
+    return ReliableCPOTrainer(args=args, **common_kwargs)
