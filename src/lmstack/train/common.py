@@ -183,17 +183,15 @@ def build_trainer(
     the custom token loss (DFT, EAFT, ASFT with its reference model) if any."""
     from lmstack.train import losses
     from lmstack.train.lm_trainer import ReliableSFTTrainer
-    from lmstack.train.master_weights import with_master_weights
     from lmstack.train.metrics import accuracy_trainer_kwargs
     from lmstack.train.optimizers import create_optimizer, method_callbacks
 
     cfg = plan.cfg
-    trainer_cls: type = ReliableSFTTrainer
-    if plan.precision.master_weights == "optimizer":  # bf16 model, fp32 masters in the optimizer
-        trainer_cls = with_master_weights(trainer_cls)
-    if losses.active_loss(cfg) == "use_asft_loss":  # the reference logits of every batch
-        trainer_cls = losses.with_reference_logits(trainer_cls, losses.asft_reference(plan, tokenizer))
-    return trainer_cls(
+    asft = losses.active_loss(cfg) == "use_asft_loss"  # the reference logits of every batch
+    return ReliableSFTTrainer(
+        lm_master_weights=plan.precision.master_weights == "optimizer",  # bf16 model, fp32 masters
+        lm_asft=asft,
+        lm_reference=losses.asft_reference(plan, tokenizer) if asft else None,
         lmstack_cfg=cfg,
         lmstack_plan=plan.to_dict(),
         model=model,
