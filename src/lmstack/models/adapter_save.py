@@ -2,7 +2,7 @@
 2 x H200: the Trainer's FULL_STATE_DICT save wrote `adapter_model.safetensors` with 0 tensors, bench
 results 2026-11-29) is an error, not a silent success. Under FSDP the adapter is gathered here instead:
 every rank enters FSDP.summon_full_params, rank 0 reads the full trainable tensors and writes them.
-The same holds for checkpoint-N folders (written by `reliable` trainers after the Trainer's own save),
+The same holds for checkpoint-N folders (written by ReliableMixin trainers after the Trainer's own save),
 and a resume under FSDP + LoRA loads the adapter back from that verified file (`load_fsdp_adapter`)
 rather than from the Trainer's adapter-only FSDP state dict, which PEFT filled by the same module names.
 """

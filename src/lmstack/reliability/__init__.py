@@ -3,7 +3,7 @@ saves, the non-finite loss policy and the run manifest (secret redaction: lmstac
 
 Modules (no import-time side effects):
   checkpoint  manifest.json written last; staging dir + rename; verify; pick the newest complete one
-  trainer     `reliable(TrainerClass)`: staged saves, SIGTERM/SIGINT stop, on_nonfinite, safe loads
+  trainer     `ReliableMixin` (stages' static trainer classes): staged saves, SIGTERM/SIGINT stop, on_nonfinite, safe loads
   manifest    run_manifest.json: resolved config, versions, data hashes, git commit, hardware
 """
 

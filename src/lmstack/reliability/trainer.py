@@ -1,4 +1,5 @@
-"""`reliable(TrainerClass)`: the Trainer (or a TRL trainer) with
+"""`ReliableMixin`, mixed in before a transformers/TRL Trainer class (each stage declares its own,
+e.g. train/lm_trainer.ReliableSFTTrainer; the private hooks it overrides: reliability/seam.py):
 - staged, manifest-committed checkpoints (see `checkpoint`), rotation that keeps complete ones;
 - SIGTERM/SIGINT: finish the step, all ranks agree on the stop step, save, raise `TrainingStopped`
   (the CLI exits 128 + signal: 143 SIGTERM, 130 SIGINT); a second signal aborts at once;
@@ -16,11 +17,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import pickle
 import shutil
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,45 +40,9 @@ from lmstack.reliability.checkpoint import (
     rotate_checkpoints,
     staging_root,
 )
+from lmstack.reliability.signals import StopSignals
 
 logger = logging.getLogger(__name__)
-
-
-class StopSignals:
-    """Installs SIGTERM/SIGINT handlers that only set a flag; the second signal aborts."""
-
-    SIGNALS = ("SIGTERM", "SIGINT")
-
-    def __init__(self) -> None:
-        self.received = 0  # signal number, 0 = none
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.received:
-            logger.warning("second %s: stopping now without saving", signal.Signals(signum).name)
-            self.restore()
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            os.kill(os.getpid(), signum)
-            return
-        self.received = signum
-        logger.warning(
-            "%s received: finishing the current step, saving a checkpoint, then exiting "
-            "(send it again to stop at once)",
-            signal.Signals(signum).name,
-        )
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread (e.g. the web UI runs jobs in one)
-        for name in self.SIGNALS:
-            signum = getattr(signal, name)
-            self._previous[signum] = signal.signal(signum, self._handle)
-
-    def restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
 
 
 def _all_ranks_max(values: list[float], device: Any) -> list[float]:
@@ -399,14 +362,8 @@ class ReliableMixin:
         self._lm_safe_load("optimizer/scheduler", checkpoint, super()._load_optimizer_and_scheduler)
 
 
-@functools.cache
-def reliable(base: type) -> type:
-    """`reliable(Trainer)(model=..., args=..., lmstack_cfg=cfg, ...)`."""
-    return type(f"Reliable{base.__name__}", (ReliableMixin, base), {"__module__": __name__})
-
-
 def manifest_callback(cfg: Config | None = None) -> Any:
-    """For trainers not wrapped by `reliable` (no staging): the manifest is still written last, after
+    """For trainers without ReliableMixin (no staging): the manifest is still written last, after
     every rank has saved, so resume never picks a half-written checkpoint. With `cfg`, it records the
     run (config and data; these trainers get no plan) so a resume can refuse changed settings."""
     from transformers import TrainerCallback
@@ -423,7 +380,7 @@ def manifest_callback(cfg: Config | None = None) -> Any:
         def on_save(self, args, state, control, **kwargs):
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if not folder.is_dir() or (folder / MANIFEST).is_file():
-                return  # `reliable` trainers commit with the manifest already
+                return  # ReliableMixin trainers commit with the manifest already
             barrier()
             if state.is_world_process_zero:
                 if cfg is not None and self.run is None:

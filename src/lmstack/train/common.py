@@ -80,18 +80,22 @@ def training_arguments(plan: RunPlan) -> Any:
         train_sampling_strategy="sequential" if cfg.finetuning.disable_shuffling else "random",
         run_name=t.run_name,  # trackers' run name (LF passes it through)
     )
-    fields = init_fields(TrainingArguments)
+    if plan.fsdp is not None and plan.fsdp.source == "yaml":
+        kwargs.update(fsdp=t.fsdp, fsdp_config=t.fsdp_config)
+    _version_branches(kwargs, t, init_fields(TrainingArguments))
+    return checked_init(TrainingArguments, kwargs)
+
+
+def _version_branches(kwargs: dict[str, Any], t: Any, fields: set[str]) -> None:
+    """The fields the supported transformers versions spell differently (deliberate, by version)."""
     if "warmup_ratio" in fields:  # transformers < 5.x had a separate ratio field
         kwargs.update(warmup_ratio=t.warmup_ratio, warmup_steps=t.warmup_steps)
     else:
         kwargs["warmup_steps"] = t.warmup_steps if t.warmup_steps > 0 else t.warmup_ratio
-    if plan.fsdp is not None and plan.fsdp.source == "yaml":
-        kwargs.update(fsdp=t.fsdp, fsdp_config=t.fsdp_config)
     if t.logging_dir and "logging_dir" in fields:
         kwargs["logging_dir"] = t.logging_dir
     if "train_sampling_strategy" not in fields:  # older transformers: always the random sampler
         kwargs.pop("train_sampling_strategy")
-    return checked_init(TrainingArguments, kwargs)
 
 
 def init_fields(cls: type) -> set[str]:
@@ -177,21 +181,17 @@ def build_trainer(
     """transformers.Trainer made reliable (staged checkpoints + manifest, SIGTERM save, on_nonfinite),
     with lmstack's callbacks, the method optimizer (LoRA+, GaLore, APOLLO, BAdam, Muon, Adam-mini) and
     the custom token loss (DFT, EAFT, ASFT with its reference model) if any."""
-    from transformers import Trainer
-
-    from lmstack.reliability.trainer import reliable
     from lmstack.train import losses
-    from lmstack.train.master_weights import with_master_weights
+    from lmstack.train.lm_trainer import ReliableSFTTrainer
     from lmstack.train.metrics import accuracy_trainer_kwargs
     from lmstack.train.optimizers import create_optimizer, method_callbacks
 
     cfg = plan.cfg
-    trainer_cls = reliable(Trainer)
-    if plan.precision.master_weights == "optimizer":  # bf16 model, fp32 masters in the optimizer
-        trainer_cls = with_master_weights(trainer_cls)
-    if losses.active_loss(cfg) == "use_asft_loss":  # the reference logits of every batch
-        trainer_cls = losses.with_reference_logits(trainer_cls, losses.asft_reference(plan, tokenizer))
-    return trainer_cls(
+    asft = losses.active_loss(cfg) == "use_asft_loss"  # the reference logits of every batch
+    return ReliableSFTTrainer(
+        lm_master_weights=plan.precision.master_weights == "optimizer",  # bf16 model, fp32 masters
+        lm_asft=asft,
+        lm_reference=losses.asft_reference(plan, tokenizer) if asft else None,
         lmstack_cfg=cfg,
         lmstack_plan=plan.to_dict(),
         model=model,
@@ -276,6 +276,21 @@ def make_callbacks(cfg: Config) -> list:
             with (Path(args.output_dir) / LOG_FILE).open("a") as fh:
                 fh.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")
 
+    from lmstack.reliability.trainer import manifest_callback
+
+    # manifest: only for trainers without ReliableMixin; with the config, so it records the run
+    return [
+        LogCallback(),
+        _save_last_step(),
+        manifest_callback(cfg),
+        *best_model.callbacks(cfg),
+        *trackers.callbacks(cfg),
+    ]
+
+
+def _save_last_step() -> Any:
+    from transformers import TrainerCallback
+
     class SaveLastStep(TrainerCallback):
         """The final step is always checkpointed (checkpoint-<max_steps> exists after every run)."""
 
@@ -283,16 +298,7 @@ def make_callbacks(cfg: Config) -> list:
             if args.save_strategy != "no" and state.global_step >= state.max_steps:
                 control.should_save = True
 
-    from lmstack.reliability.trainer import manifest_callback
-
-    # manifest: only where `reliable` is not used; with the config, so it records the run
-    return [
-        LogCallback(),
-        SaveLastStep(),
-        manifest_callback(cfg),
-        *best_model.callbacks(cfg),
-        *trackers.callbacks(cfg),
-    ]
+    return SaveLastStep()
 
 
 def _hms(seconds: float) -> str:
@@ -335,7 +341,7 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
         save_config(cfg, Path(cfg.training.output_dir) / CONFIG_FILE, plan_lines=plan.describe())
         from lmstack.reliability.manifest import RUN_MANIFEST, write_run_manifest
 
-        if not (Path(cfg.training.output_dir) / RUN_MANIFEST).is_file():  # `reliable` trainers wrote it
+        if not (Path(cfg.training.output_dir) / RUN_MANIFEST).is_file():  # ReliableMixin trainers wrote it
             write_run_manifest(cfg, plan=plan.to_dict())
         if cfg.finetuning.plot_loss:
             from lmstack.train.plots import plot_metrics

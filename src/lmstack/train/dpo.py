@@ -14,14 +14,13 @@ from typing import Any
 
 from trl import DPOConfig, DPOTrainer
 
-from lmstack.data.encode import IGNORE_INDEX
 from lmstack.data.mm import media_spec
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import apply_speedups, load_model
 from lmstack.models.vision import load_image_processor, save_processor_files
 from lmstack.plan.runplan import RunPlan
-from lmstack.reliability.trainer import reliable
+from lmstack.reliability.trainer import ReliableMixin
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
@@ -63,7 +62,7 @@ def build_trainer(
     cfg = plan.cfg
     ft = cfg.finetuning
     common_kwargs = dict(
-        lmstack_cfg=cfg,  # every trainer below is `reliable`: staged checkpoints, SIGTERM save, on_nonfinite
+        lmstack_cfg=cfg,  # every trainer below has ReliableMixin: staged checkpoints, SIGTERM save, on_nonfinite
         lmstack_plan=plan.to_dict(),
         model=model,
         train_dataset=train_ds,
@@ -71,25 +70,10 @@ def build_trainer(
         processing_class=tokenizer,
         callbacks=common.make_callbacks(cfg),
     )
-    if ft.pref_loss == "orpo":
-        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+    if ft.pref_loss in REFERENCE_FREE:  # TRL's experimental trainers, imported only for these
+        from lmstack.train.pref_rows import reference_free_trainer
 
-        args = rlhf.trl_config(plan, ORPOConfig, beta=ft.pref_beta, max_length=cfg.data.cutoff_len)
-        return reliable(_rows_trainer(ORPOTrainer))(args=args, **common_kwargs)
-    if ft.pref_loss == "simpo":
-        from trl.experimental.cpo import CPOConfig, CPOTrainer
-
-        args = rlhf.trl_config(
-            plan,
-            CPOConfig,
-            loss_type="simpo",
-            beta=ft.pref_beta,
-            simpo_gamma=ft.simpo_gamma,
-            cpo_alpha=ft.pref_ftx,
-            max_length=cfg.data.cutoff_len,
-        )
-        return reliable(_rows_trainer(CPOTrainer))(args=args, **common_kwargs)
-
+        return reference_free_trainer(plan, common_kwargs)
     loss_types, weights = [ft.pref_loss], [1.0]
     if ft.dpo_label_smoothing > 0:
         logger.info(
@@ -119,7 +103,7 @@ def build_trainer(
         common_kwargs["data_collator"] = PreferenceMediaCollator(
             inner, media, load_image_processor(cfg), image_id
         )
-    trainer = reliable(PretokenizedDPOTrainer)(ref_model=ref_model, args=args, **common_kwargs)
+    trainer = ReliableDPOTrainer(ref_model=ref_model, args=args, **common_kwargs)
     rlhf.drop_trl_ref_adapter(cfg, trainer.model)
     return trainer
 
@@ -131,19 +115,5 @@ class PretokenizedDPOTrainer(DPOTrainer):
         return dataset
 
 
-def _rows_trainer(base: type) -> type:
-    """ORPO/CPO trainers tokenize with `tokenize_row`; ours turns the pre-tokenized columns into theirs."""
-
-    class _Rows(base):
-        def tokenize_row(self, feature: dict, model: Any = None) -> dict:
-            prompt = list(feature["prompt_ids"])
-            out = {"prompt_input_ids": prompt, "prompt_attention_mask": [1] * len(prompt)}
-            for kind in ("chosen", "rejected"):
-                answer = list(feature[f"{kind}_ids"])
-                out[f"{kind}_input_ids"] = prompt + answer
-                out[f"{kind}_attention_mask"] = [1] * (len(prompt) + len(answer))
-                out[f"{kind}_labels"] = [IGNORE_INDEX] * len(prompt) + answer
-            return out
-
-    _Rows.__name__ = base.__name__
-    return _Rows
+class ReliableDPOTrainer(ReliableMixin, PretokenizedDPOTrainer):
+    """What stage dpo runs with pref_loss sigmoid / hinge / ipo (reliability/trainer.py)."""

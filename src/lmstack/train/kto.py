@@ -17,7 +17,7 @@ from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import apply_speedups, load_model
 from lmstack.plan.runplan import RunPlan
-from lmstack.reliability.trainer import reliable
+from lmstack.reliability.trainer import ReliableMixin
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
@@ -53,9 +53,8 @@ def run(plan: RunPlan) -> dict:
         max_length=None,  # rows are already cut to cutoff_len by our encoder
         train_sampling_strategy="sequential",
     )
-    trainer = reliable(
-        build(cfg.data.preprocessing_batch_size)
-    )(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
+    trainer = ReliableKTOTrainer(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
+        kl_chunk=cfg.data.preprocessing_batch_size,
         lmstack_cfg=cfg,
         lmstack_plan=plan.to_dict(),
         model=model,
@@ -83,9 +82,8 @@ class PretokenizedKTOTrainer(KTOTrainer):
     not inside each training batch as TRL does, so any per_device_train_batch_size works, 1 included
     (TRL refuses 1 because its in-batch pairing would give every row its own answer)."""
 
-    kl_chunk = 1000  # set from preprocessing_batch_size by `build`
-
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, kl_chunk: int = 1000, **kwargs):
+        self.kl_chunk = kl_chunk  # preprocessing_batch_size; read while TRL's __init__ prepares the data
         targs = kwargs["args"]
         micro = targs.per_device_train_batch_size
         if micro > 1:
@@ -109,6 +107,5 @@ class PretokenizedKTOTrainer(KTOTrainer):
         return dataset.map(add_kl, batched=True, batch_size=self.kl_chunk)
 
 
-def build(chunk: int) -> type:
-    """The trainer class with LF's KL pairing over chunks of `chunk` rows (preprocessing_batch_size)."""
-    return type("PretokenizedKTOTrainer", (PretokenizedKTOTrainer,), {"kl_chunk": chunk})
+class ReliableKTOTrainer(ReliableMixin, PretokenizedKTOTrainer):
+    """What stage kto runs (reliability/trainer.py)."""

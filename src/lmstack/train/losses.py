@@ -12,7 +12,7 @@ The sum over the batch's target tokens is divided by the Trainer's `num_items_in
 tokens of the whole accumulated batch), so gradient accumulation and several processes give the same
 objective; on one micro-batch of one process that is the mean over its target tokens, LLaMA-Factory's
 value. `compute_loss_func(cfg)` is what `Trainer(compute_loss_func=...)` takes; ASFT also needs the
-reference logits of the same batch, which `with_reference_logits` computes before each loss.
+reference logits of the same batch, which `ReferenceLogitsMixin` computes before each loss.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def asft_loss(
 
 
 class AsftLoss:
-    """ASFT as a compute_loss_func: `ref_logits` is set for the batch by `with_reference_logits`."""
+    """ASFT as a compute_loss_func: `ref_logits` is set for the batch by `ReferenceLogitsMixin`."""
 
     def __init__(self, alpha: float):
         self.alpha = alpha
@@ -115,7 +115,7 @@ class AsftLoss:
 
     def __call__(self, outputs: Any, labels: Any, num_items_in_batch: Any = None) -> Any:
         if self.ref_logits is None:
-            raise RuntimeError("use_asft_loss: no reference logits for this batch (with_reference_logits)")
+            raise RuntimeError("use_asft_loss: no reference logits for this batch (ReferenceLogitsMixin)")
         ref, self.ref_logits = self.ref_logits, None
         return asft_loss(outputs.logits, labels, ref, num_items_in_batch, self.alpha)
 
@@ -141,33 +141,36 @@ def compute_loss_func(cfg: Config) -> Any:
 REFERENCE_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
-def with_reference_logits(trainer_cls: type, reference: Any) -> type:
-    """A Trainer class that computes the reference logits of each batch before its loss (ASFT).
-    `reference`: a frozen model, or None for the trained PEFT model with its adapter disabled."""
-    import torch
+class ReferenceLogitsMixin:
+    """Mixed in before a Trainer: with `lm_asft` set, the reference logits of each batch are computed
+    before its loss (ASFT). `lm_reference`: a frozen model, or None for the trained PEFT model with its
+    adapter disabled."""
 
-    class ReferenceLogitsTrainer(trainer_cls):  # type: ignore[misc, valid-type]
-        def compute_loss(self, model: Any, inputs: dict, *args: Any, **kwargs: Any) -> Any:
+    lm_asft = False
+    lm_reference: Any = None
+
+    def compute_loss(self, model: Any, inputs: dict, *args: Any, **kwargs: Any) -> Any:
+        if self.lm_asft:
             batch = {k: v for k, v in inputs.items() if k in REFERENCE_INPUTS}
-            self.compute_loss_func.ref_logits = self._reference_logits(model, batch)
-            return super().compute_loss(model, inputs, *args, **kwargs)
+            self.compute_loss_func.ref_logits = self._lm_reference_logits(model, batch)
+        return super().compute_loss(model, inputs, *args, **kwargs)
 
-        def _reference_logits(self, model: Any, batch: dict) -> Any:
-            if reference is not None:
-                reference.to(self.args.device)
-                with torch.no_grad():
-                    return reference(**batch).logits
-            unwrapped = self.accelerator.unwrap_model(model)
-            was_training = unwrapped.training
-            unwrapped.eval()  # like a frozen reference: no dropout
-            try:
-                with torch.no_grad(), unwrapped.disable_adapter():
-                    return unwrapped(**batch).logits
-            finally:
-                unwrapped.train(was_training)
+    def _lm_reference_logits(self, model: Any, batch: dict) -> Any:
+        import torch
 
-    ReferenceLogitsTrainer.__name__ = f"ReferenceLogits{trainer_cls.__name__}"
-    return ReferenceLogitsTrainer
+        reference = self.lm_reference
+        if reference is not None:
+            reference.to(self.args.device)
+            with torch.no_grad():
+                return reference(**batch).logits
+        unwrapped = self.accelerator.unwrap_model(model)
+        was_training = unwrapped.training
+        unwrapped.eval()  # like a frozen reference: no dropout
+        try:
+            with torch.no_grad(), unwrapped.disable_adapter():
+                return unwrapped(**batch).logits
+        finally:
+            unwrapped.train(was_training)
 
 
 def asft_reference(plan: Any, tokenizer: Any) -> Any:

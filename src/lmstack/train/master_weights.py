@@ -125,20 +125,19 @@ class Fp32MasterWeights(_optimizer_base()):  # type: ignore[misc]
         return f"Fp32MasterWeights({self.inner!r})"
 
 
-def with_master_weights(trainer_cls: type) -> type:
-    """A Trainer class whose optimizer (the one the Trainer builds from `optim`) is wrapped."""
+class MasterWeightsMixin:
+    """Mixed in before a Trainer: with `lm_master_weights` set, the optimizer the Trainer builds (from
+    `optim`) is wrapped so a bf16 model trains against fp32 masters."""
 
-    class MasterWeightsTrainer(trainer_cls):  # type: ignore[misc, valid-type]
-        def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
-            optimizer = super().create_optimizer(*args, **kwargs)
-            if not isinstance(optimizer, Fp32MasterWeights):
-                self.optimizer = optimizer = Fp32MasterWeights(optimizer)
-                count = sum(m.numel() for m in optimizer.masters)
-                logger.info(
-                    "master_weights: optimizer -> bf16 model, fp32 master copy of %.1fM params in the optimizer",
-                    count / 1e6,
-                )
-            return optimizer
+    lm_master_weights = False
 
-    MasterWeightsTrainer.__name__ = f"MasterWeights{trainer_cls.__name__}"
-    return MasterWeightsTrainer
+    def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
+        optimizer = super().create_optimizer(*args, **kwargs)
+        if self.lm_master_weights and not isinstance(optimizer, Fp32MasterWeights):
+            self.optimizer = optimizer = Fp32MasterWeights(optimizer)
+            count = sum(m.numel() for m in optimizer.masters)
+            logger.info(
+                "master_weights: optimizer -> bf16 model, fp32 master copy of %.1fM params in the optimizer",
+                count / 1e6,
+            )
+        return optimizer

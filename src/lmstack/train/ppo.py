@@ -53,13 +53,7 @@ def run(plan: RunPlan) -> dict:
     tokenizer, template = common.tokenizer_and_template(cfg)
     prompts = [row["input_ids"] for row in build_datasets(cfg, tokenizer, template).train.to_samples()]
 
-    backbone = load_model(plan.model_spec(), tokenizer)
-    # the PPO updates run in train mode (checkpointed); rollouts generate in eval mode, which never
-    # recomputes, so sampling keeps its KV cache
-    common.enable_gradient_checkpointing(plan, backbone)
-    backbone = setup_finetuning(cfg, backbone, lora_kernel=plan.lora_kernel)
-    backbone = apply_speedups(plan.speedup_spec(), backbone)  # FP8 GEMMs (plan.fp8)
-    policy = ValueHeadModel(backbone).to(device)
+    policy = _policy(plan, tokenizer)
     ref_model = rlhf.reference_model(plan, tokenizer)
     ft = cfg.finetuning
     reward_model = load_value_head_model(ft.reward_model, device=device).eval() if ft.reward_model else None
@@ -104,6 +98,17 @@ def run(plan: RunPlan) -> dict:
         if step % t.logging_steps == 0 or step == steps:
             _log(cfg, record, steps, start)
     return _save(cfg, policy, tokenizer, history, steps, start)
+
+
+def _policy(plan: RunPlan, tokenizer: Any) -> ValueHeadModel:
+    """The trained model with its adapter and the critic's value head."""
+    backbone = load_model(plan.model_spec(), tokenizer)
+    # the PPO updates run in train mode (checkpointed); rollouts generate in eval mode, which never
+    # recomputes, so sampling keeps its KV cache
+    common.enable_gradient_checkpointing(plan, backbone)
+    backbone = setup_finetuning(plan.cfg, backbone, lora_kernel=plan.lora_kernel)
+    backbone = apply_speedups(plan.speedup_spec(), backbone)  # FP8 GEMMs (plan.fp8)
+    return ValueHeadModel(backbone).to(plan.device)
 
 
 # ---- rollout ------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import apply_speedups, load_model
 from lmstack.models.value_head import ValueHeadModel
 from lmstack.plan.runplan import RunPlan
-from lmstack.reliability.trainer import reliable
+from lmstack.reliability.trainer import ReliableMixin
 from lmstack.train import common, rlhf
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def run(plan: RunPlan) -> dict:
     model = ValueHeadModel(backbone)
 
     args = rlhf.trl_config(plan, RewardConfig, max_length=cfg.data.cutoff_len, disable_dropout=True)
-    trainer = reliable(ValueHeadRewardTrainer)(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
+    trainer = ReliableRewardTrainer(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
         lmstack_cfg=cfg,
         lmstack_plan=plan.to_dict(),
         model=model,
@@ -91,3 +91,7 @@ class ValueHeadRewardTrainer(RewardTrainer):
             load_sharded_checkpoint(model.backbone, str(ckpt), strict=False)
         model.load_value_head(ckpt)
         logger.info("resumed the reward model (backbone + value head) from %s", ckpt)
+
+
+class ReliableRewardTrainer(ReliableMixin, ValueHeadRewardTrainer):
+    """What stage rm runs (reliability/trainer.py)."""
