@@ -165,14 +165,15 @@ def own_loop_optimizer(plan: RunPlan) -> str | None:
 
 def accuracy_stage(plan: RunPlan) -> str | None:
     """compute_accuracy is honoured only where the stage's trainer computes token accuracy
-    (StageSpec.eval_accuracy); elsewhere the run would silently report none."""
+    (StageSpec.eval_accuracy). Elsewhere it has no effect, as in LLaMA-Factory (which reads it in sft
+    only): a note said once, so an LF YAML still runs and the user learns no accuracy is reported."""
     if plan.cfg.finetuning.compute_accuracy and not plan.stage.eval_accuracy:
         from lmstack.config.stages import stages_where
 
         own = " (it reports its own pairwise eval_accuracy)" if plan.stage.name == "rm" else ""
-        raise ConfigError(
-            f"compute_accuracy: true is not available for stage {plan.stage.name}{own}; token accuracy at "
-            f"evaluation is reported by stages {' and '.join(stages_where('eval_accuracy'))}; remove it"
+        return (
+            f"compute_accuracy: has no effect for stage {plan.stage.name}{own}; token accuracy at "
+            f"evaluation is reported by stages {' and '.join(stages_where('eval_accuracy'))}"
         )
     return None
 
