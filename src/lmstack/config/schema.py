@@ -1,5 +1,5 @@
 """Typed configuration. Users write flat LLaMA-Factory field names; internally they are grouped into
-sections. Defaults live here and only here (DESIGN rule 2)."""
+sections. Defaults live here and only here, so no reader can disagree with another about one."""
 
 from __future__ import annotations
 
@@ -312,7 +312,7 @@ class FinetuningArgs(Section):
     compute_accuracy: bool = Field(False, description="Report token accuracy during evaluation.")
     disable_shuffling: bool = Field(False, description="Keep the dataset order.")
     include_effective_tokens_per_second: bool = Field(False, description="Report effective_tokens_per_sec.")
-    # ---- RLHF: dpo / kto / rm / ppo / grpo (REFERENCE §2.3) ----
+    # ---- RLHF: dpo / kto / rm / ppo / grpo (LLaMA-Factory's field names and defaults) ----
     pref_beta: float = Field(
         0.1, gt=0, description="beta of the preference loss (DPO/IPO/hinge/ORPO/SimPO/KTO)."
     )

@@ -1,4 +1,4 @@
-"""dataset_info.json: the registry of named datasets (LLaMA-Factory's schema, REFERENCE §3.1)."""
+"""dataset_info.json: the registry of named datasets (LLaMA-Factory's schema)."""
 
 from __future__ import annotations
 
