@@ -32,3 +32,22 @@ def test_a_folder_without_tokenizer_files_is_refused(
     err = capsys.readouterr().err
     assert f"{no_tokenizer} has no tokenizer files" in err
     assert "tokenizer.json" in err and "point model_name_or_path at the full model" in err
+
+
+def test_eval_strategy_without_eval_data_is_refused_before_the_model_loads(base_cfg, tmp_path, capsys):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({**base_cfg, "eval_strategy": "steps", "eval_steps": 2}))
+    for command in ("train", "check"):
+        assert main([command, str(path)]) == 2
+        assert "eval_strategy: steps needs evaluation data; set val_size" in capsys.readouterr().err
+
+
+def test_deepspeed_on_a_machine_without_a_gpu_is_refused(base_cfg, tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({**base_cfg, "deepspeed": "ds_z2_config.json"}))
+    assert main(["train", str(path)]) == 2
+    assert "needs a CUDA GPU and this machine has none" in capsys.readouterr().err
