@@ -1,4 +1,5 @@
-"""`lmstack env`: versions, GPUs, and a one-tensor all-reduce across the visible GPUs (seed 001 step 1).
+"""`lmstack env`: versions, GPUs, and a one-tensor all-reduce across the visible GPUs
+(the first check of a new machine: it proves the GPUs and NCCL work before any training).
 
 Paste its output into bug reports. The all-reduce check spawns one NCCL process per GPU and sums
 a tensor holding each rank's number; any other result (or a hang, bounded by a timeout) means the

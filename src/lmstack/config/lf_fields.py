@@ -1,4 +1,5 @@
-"""Every LLaMA-Factory field lmstack's schema does not define, as data (issue 17: every LF field is known).
+"""Every LLaMA-Factory field lmstack's schema does not define, as data, so that every LF field is known:
+a YAML written for LF is either run or refused by name, never silently ignored.
 
 Each entry is one of
 - `default`: accepted when its value is LF's default and that default is what lmstack already does
@@ -6,7 +7,7 @@ Each entry is one of
 - `refused`: any value is refused: the field only configures a feature lmstack does not have.
 Both refusals read "LLaMA-Factory's `<field>` (<feature>) is not available in lmstack; remove it".
 
-Sources: ../shared/LF_FIELDS.md (LF at ff6d4d1: its own dataclasses, §1-§5) and the transformers
+Sources: LF's own dataclasses (copied as tests/unit/config/LF_FIELDS.md, §1-§5) and the transformers
 TrainingArguments fields LF passes to the Trainer (§6 and the rest of transformers' dataclass). The LF
 fields lmstack implements live in schema.py and never appear here (tests/unit/config/test_lf_fields.py).
 """

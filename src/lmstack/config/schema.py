@@ -1,5 +1,5 @@
 """Typed configuration. Users write flat LLaMA-Factory field names; internally they are grouped into
-sections. Defaults live here and only here (DESIGN rule 2)."""
+sections. Defaults live here and only here, so no reader can disagree with another about one."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ class DataArgs(Section):
     train_on_prompt: bool = Field(False, description="Also train on prompt tokens.")
     mask_history: bool = Field(False, description="Train only on the last assistant turn.")
     max_samples: int | None = Field(None, gt=0, description="Keep the first N records of each dataset.")
-    val_size: float = Field(0.0, ge=0, description="Validation split: a fraction < 1 or a record count >= 1.")
+    val_size: float = Field(0.0, ge=0, allow_inf_nan=False, description="Validation split: a fraction < 1 or a record count >= 1.")
     overwrite_cache: bool = Field(False, description="Rebuild the tokenized cache even if it is valid.")
     preprocessing_num_workers: int | None = Field(None, ge=1, description="Processes used for tokenization.")
     preprocessing_batch_size: int = Field(1000, gt=0, description="Records per tokenization batch.")
@@ -174,6 +174,14 @@ class DataArgs(Section):
     image_min_pixels: int = Field(
         32 * 32, gt=0, description="Vision models: smaller images are upscaled to at least this many pixels."
     )
+
+    @field_validator("val_size")
+    @classmethod
+    def _val_size_form(cls, value: float) -> float:
+        # a fraction below 1 or a whole record count: 1.5 is neither, and int() would silently read 1
+        if value >= 1 and value != int(value):
+            raise ValueError(f"got {value}; give a fraction below 1 or a whole number of records")
+        return value
 
 
 class FinetuningArgs(Section):
@@ -312,7 +320,7 @@ class FinetuningArgs(Section):
     compute_accuracy: bool = Field(False, description="Report token accuracy during evaluation.")
     disable_shuffling: bool = Field(False, description="Keep the dataset order.")
     include_effective_tokens_per_second: bool = Field(False, description="Report effective_tokens_per_sec.")
-    # ---- RLHF: dpo / kto / rm / ppo / grpo (REFERENCE §2.3) ----
+    # ---- RLHF: dpo / kto / rm / ppo / grpo (LLaMA-Factory's field names and defaults) ----
     pref_beta: float = Field(
         0.1, gt=0, description="beta of the preference loss (DPO/IPO/hinge/ORPO/SimPO/KTO)."
     )
@@ -432,12 +440,12 @@ class TrainingArgs(Section):
     )
     per_device_eval_batch_size: int = Field(1, gt=0, description="Eval batch size per device.")
     gradient_accumulation_steps: int = Field(1, gt=0, description="Micro-batches per optimizer step.")
-    learning_rate: float = Field(5e-5, gt=0, description="Peak learning rate.")
+    learning_rate: float = Field(5e-5, gt=0, allow_inf_nan=False, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1, in [0, 1).")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2, in [0, 1).")
-    adam_epsilon: float = Field(1e-8, description="AdamW epsilon.")
-    max_grad_norm: float = Field(1.0, description="Gradient clipping norm (0 = off).")
+    adam_epsilon: float = Field(1e-8, gt=0, allow_inf_nan=False, description="AdamW epsilon.")
+    max_grad_norm: float = Field(1.0, ge=0, allow_inf_nan=False, description="Gradient clipping norm (0 = off).")
     optim: str = Field(
         "adamw_torch", description="Optimizer name as transformers knows it (OptimizerNames), or muon."
     )
@@ -475,7 +483,7 @@ class TrainingArgs(Section):
         description="Recompute activations in backward: true | false | auto (default: the planner turns it "
         "on only when the run would not fit without; LLaMA-Factory always recomputes).",
     )
-    seed: int = Field(42, ge=0, description="Random seed for init, data order and dropout.")
+    seed: int = Field(42, ge=0, le=2**32 - 1, description="Random seed for init, data order and dropout.")
     logging_steps: int = Field(10, gt=0, description="Log every N optimizer steps.")
     save_strategy: Literal["steps", "epoch", "no"] = Field(
         "steps", description="When checkpoints are written."

@@ -1,5 +1,5 @@
 """What each training stage can do: one capability table instead of `stage in (...)` tests spread
-over the code (DESIGN "The run plan"). The run plan, the rules, the data layer and the stages read it."""
+over the code, so a stage's abilities are decided in one place. The run plan, the rules, the data layer and the stages read it."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ class DropExample(ValueError):
 
 
 def infer_seqlen(source_len: int, target_len: int, budget: int) -> tuple[int, int]:
-    """Split `budget` tokens between a source and a target (REFERENCE §3.4): keep a short target whole,
+    """Split `budget` tokens between a source and a target (LLaMA-Factory's rule): keep a short target whole,
     else keep a short source whole, else share the budget in proportion to the two lengths."""
     if target_len * 2 < budget:
         max_target = budget

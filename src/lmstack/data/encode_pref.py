@@ -9,7 +9,7 @@ row and an sft row of the same conversation are identical. Stages adapt these ro
     kto:                input_ids, labels, kto_tag (True = desirable)
     ppo, grpo, rloo:    input_ids (the prompt, ending with the assistant opener; answers are generated)
 
-Truncation follows REFERENCE §3.4: pairwise uses the longer answer as the target length and cuts
+Truncation follows LLaMA-Factory: pairwise uses the longer answer as the target length and cuts
 both answers to it; counted as truncated, never silent. A pair whose answers are the same after the
 cut is dropped (counted as "chosen and rejected are identical", like an identical pair in the data).
 """

@@ -1,4 +1,4 @@
-"""dataset_info.json: the registry of named datasets (LLaMA-Factory's schema, REFERENCE §3.1)."""
+"""dataset_info.json: the registry of named datasets (LLaMA-Factory's schema)."""
 
 from __future__ import annotations
 
@@ -146,12 +146,14 @@ def _parse_entry(name: str, entry: Any, registry: Path) -> DatasetAttr:
                 f"{where}: {key}: got {json.dumps(entry[key])[:80]}; expected a non-empty string "
                 f"({'a file or folder in dataset_dir' if key == 'file_name' else 'a hub dataset id'})"
             )
+    _check_shapes(entry, where)
     if "file_name" in entry:
         load_from, source = "file", _safe_path(entry["file_name"], registry.parent, where)
     elif "hf_hub_url" in entry:
         load_from, source = "hf_hub", entry["hf_hub_url"]
     else:
         raise DataError(f"{where}: needs `file_name` (a file or folder in dataset_dir) or `hf_hub_url`")
+    _refuse_local_escape(entry, registry.parent, where)
     columns = dict(entry.get("columns") or {})
     bad = set(columns) - set(COLUMN_DEFAULTS)
     if bad:
@@ -223,6 +225,41 @@ def _safe_path(file_name: str, root: Path, where: str) -> str:
     if not full.exists():
         raise DataError(f"{where}: file_name {file_name!r}: no such file in {root}")
     return str(full)
+
+
+def _check_shapes(entry: dict, where: str) -> None:
+    """Values whose wrong type would otherwise surface as a traceback deep in the reader."""
+    if "\x00" in str(entry.get("file_name", "")):
+        raise DataError(f"{where}: file_name {entry['file_name']!r} holds a NUL byte; no file is named so")
+    for key in ("columns", "tags"):
+        if entry.get(key) is not None and not isinstance(entry[key], dict):
+            raise DataError(
+                f"{where}: {key}: got {json.dumps(entry[key])[:80]}; expected an object such as "
+                '{"prompt": "instruction", "response": "output"}'
+            )
+
+
+def _refuse_local_escape(entry: dict, root: Path, where: str) -> None:
+    """hf_hub_url, folder and script_url reach local paths too (the hub loader reads a local folder
+    as readily as a repo id), so a local path given there must stay inside dataset_dir, as file_name
+    must; a bare repo id ("org/name", "json") that names nothing on disk is left to the hub."""
+    inside = root.resolve()
+    for key in ("hf_hub_url", "folder", "script_url"):
+        value = entry.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or "\x00" in value:
+            raise DataError(f"{where}: {key}: got {json.dumps(value)[:80]}; expected a string without NUL bytes")
+        path = Path(os.path.expanduser(value))
+        local = path.is_absolute() or ".." in path.parts or value.startswith(("./", "~")) or path.exists()
+        if not local:
+            continue
+        full = (path if path.is_absolute() or path.exists() else root / path).resolve()
+        if not full.is_relative_to(inside):
+            raise DataError(
+                f"{where}: {key} {value!r} is a local path outside dataset_dir {inside}; refusing it "
+                "(put the data inside dataset_dir and register it with file_name)"
+            )
 
 
 def _folder_entries(folder: Path) -> list[Path]:

@@ -1,5 +1,5 @@
 """`LaunchContext.from_env()`: the one place that reads how this process was launched and what
-hardware and optional packages it sees (DESIGN "The run plan").
+hardware and optional packages it sees, so the run plan decides from one snapshot.
 
 Everything the YAML alone does not say lives here: the process topology (RANK, LOCAL_RANK,
 WORLD_SIZE, NODE_RANK, NNODES, FORCE_TORCHRUN), an accelerate FSDP launch (ACCELERATE_USE_FSDP and

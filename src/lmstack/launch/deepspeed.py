@@ -1,6 +1,6 @@
 """DeepSpeed through the Trainer integration: find `deepspeed: <path or template name>`, validate it
 before launch, resolve the few "auto" values the Trainer does not fill, and make DeepSpeed's op
-builder survive TORCH_CUDA_ARCH_LIST values like '9.0a' (REFERENCE, H200 notes).
+builder survive TORCH_CUDA_ARCH_LIST values like '9.0a' (what an H200 image sets).
 
 The ZeRO templates ship inside the package (launch/templates/, the same files as LLaMA-Factory's
 examples/deepspeed/), so `deepspeed: z3_offload` works from any working directory.

@@ -1,4 +1,4 @@
-"""FSDP through accelerate (seed 003 §10.3): detect an FSDP launch and fill the layer class to wrap.
+"""FSDP through accelerate (as LLaMA-Factory runs it): detect an FSDP launch and fill the layer class to wrap.
 
 `accelerate launch --config_file examples/accelerate/fsdp_config.yaml -m lmstack.cli train x.yaml`
 exports the config as environment variables (ACCELERATE_USE_FSDP, FSDP_AUTO_WRAP_POLICY, ...). When

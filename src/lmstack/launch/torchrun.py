@@ -1,9 +1,9 @@
-"""`lmstack train` relaunches itself under torchrun (seed 003 §10.2).
+"""`lmstack train` relaunches itself under torchrun (as llamafactory-cli does).
 
 When more than one GPU is visible, or `FORCE_TORCHRUN=1`, the CLI re-runs itself as
 `python -m torch.distributed.run --nnodes .. --node_rank .. --nproc_per_node .. --master_addr ..
 --master_port .. -m lmstack.cli.main train <cfg.yaml> [overrides]`. The topology comes from the
-standard variables NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT (DESIGN rule 5);
+standard variables NNODES, NODE_RANK, NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT (what every launcher sets);
 the child command is an argument list (never a shell string) and is logged. A node that finds no
 complete rendezvous (its master unreachable, another node missing) fails after torchrun's rendezvous
 timeout (600 s; `PET_RDZV_CONF=timeout=N`, torchrun's own variable) with one line naming the master,

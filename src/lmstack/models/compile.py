@@ -1,4 +1,4 @@
-"""Regional torch.compile (issue 19, `torch_compile: true`): each decoder layer is compiled on its own,
+"""Regional torch.compile (`torch_compile: true`, for speed): each decoder layer is compiled on its own,
 not the whole model (torchtitan's per-block compile).
 
 Every layer runs the same code, so one compiled graph serves them all (torch inlines the layer's

@@ -1,4 +1,4 @@
-"""FP8 GEMMs for training (issue 19) on NVIDIA GPUs with FP8 tensor cores (sm89+). The run plan picks
+"""FP8 GEMMs for training (speed: the GEMMs run at FP8 tensor-core rate) on NVIDIA GPUs with FP8 tensor cores (sm89+). The run plan picks
 the scope (plan.fp8); `apply_fp8(model, scope, recipe)` runs after the adapters are in place.
 
 - `frozen-base` (LoRA): every frozen nn.Linear of the model (PEFT's LoRA base layers and the projections

@@ -212,7 +212,7 @@ def apply_training_kernels(loss_kernel: str, model: Any) -> str:
 def cast_adapters_to_base_dtype(model: Any) -> int:
     """LoRA A/B (and other trainable adapter params) to bf16 when the frozen base is bf16.
     PEFT's default keeps them in fp32 (autocast_adapter_dtype), which made LoRA slower than full
-    fine-tuning on small models (REFERENCE §8.2: bf16 adapters 1.38-1.55x). Returns params cast."""
+    fine-tuning on small models (bf16 adapters measured 1.38-1.55x faster on an H200). Returns params cast."""
     import torch
 
     base = {p.dtype for p in model.parameters() if not p.requires_grad and p.is_floating_point()}

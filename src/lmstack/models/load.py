@@ -28,6 +28,7 @@ def check_model_path(cfg: Config) -> None:
         if not (path / "config.json").is_file():
             raise ConfigError(f"model_name_or_path: {name} has no config.json; point it at a model directory")
         check_remote_code(path, cfg.model.trust_remote_code)
+        check_tokenizer_files(path)
         return
     if not _looks_like_hub_id(name):
         raise ConfigError(
@@ -42,6 +43,27 @@ def check_model_path(cfg: Config) -> None:
                 f"model_name_or_path: {name} is not in the local hub cache and HF_HUB_OFFLINE=1; "
                 "download it first or give a local directory"
             )
+
+
+# Any one of these lets AutoTokenizer build the model's own tokenizer. Without them transformers still
+# "succeeds" with a near-empty tokenizer, so every row encodes to a few tokens and training looks fine.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "spiece.model",
+    "vocab.txt",
+    "tekken.json",
+)
+
+
+def check_tokenizer_files(path: Path) -> None:
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"model_name_or_path: {path} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}); "
+            "copy the tokenizer files (tokenizer.json, tokenizer_config.json, ...) from the original model "
+            "into it, or point model_name_or_path at the full model directory"
+        )
 
 
 def check_remote_code(path: Path, trust_remote_code: bool) -> None:

@@ -1,5 +1,5 @@
 """`use_unsloth: true`: the model and its LoRA through the real Unsloth package (LLaMA-Factory's
-contract, seed 003 10.4), on one CUDA GPU. The run plan decided it (plan.unsloth: the package is
+contract), on one CUDA GPU. The run plan decided it (plan.unsloth: the package is
 installed, a GPU is visible, the run is single-process); this module only calls Unsloth.
 
 What it maps (LF's model_utils/unsloth.py does the same): the dtype, 4/8-bit loading from

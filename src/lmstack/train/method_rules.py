@@ -1,4 +1,4 @@
-"""Preflight rules for LoRA variants and memory-saving optimizers (REFERENCE §2.3, seed 003 §10.9-10.11):
+"""Preflight rules for LoRA variants and memory-saving optimizers (LLaMA-Factory's fields):
 which fields combine, which need which precision, launcher and stage. Errors name both fields and the fix."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Optimizers the Trainer does not build from `optim` alone: LoRA+ learning-rate groups, GaLore,
-APOLLO, BAdam, Adam-mini and Muon (seed 003 §10.9-10.11), and the Trainer callbacks some of them need.
+APOLLO, BAdam, Adam-mini and Muon (as LLaMA-Factory configures them), and the Trainer callbacks some of them need.
 
 The rules on combining them live in `method_rules.py` (run in preflight).
 `create_optimizer(cfg, model, args)` returns the optimizer for `Trainer(optimizers=(opt, None))`, or

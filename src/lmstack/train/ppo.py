@@ -1,6 +1,6 @@
 """Stage ppo: RLHF with PPO against a reward model trained by our `stage: rm`.
 
-TRL 1.16 ships no PPOTrainer (LLaMA-Factory's PPO needs TRL <= 0.9, REFERENCE §10 row 10), so this
+TRL 1.16 ships no PPOTrainer (LLaMA-Factory's PPO needs TRL <= 0.9), so this
 is a compact PPO of our own, following Ziegler et al. 2019 / TRL 0.9's PPOTrainer:
   rollout: sample answers (generation settings), score prompt+answer with the reward model
            (optionally normalised: ppo_score_norm); per-token reward = -kl_coef * (logp - ref_logp),

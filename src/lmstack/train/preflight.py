@@ -78,6 +78,24 @@ def _accuracy(plan: RunPlan) -> None:
         )
 
 
+def _evaluation(plan: RunPlan) -> None:
+    data, strategy = plan.cfg.data, plan.cfg.training.eval_strategy
+    if strategy != "no" and not (data.val_size or data.eval_dataset):  # transformers raises after the load
+        raise ConfigError(
+            f"eval_strategy: {strategy} needs evaluation data; set val_size (e.g. 0.1) or eval_dataset, "
+            "or set eval_strategy: no"
+        )
+
+
+def _deepspeed_device(plan: RunPlan) -> None:
+    # DeepSpeed's engine needs a CUDA GPU; on a CPU-only machine it fails inside from_pretrained
+    if plan.deepspeed is not None and plan.device != "cuda":
+        raise ConfigError(
+            f"deepspeed: {plan.deepspeed.ref} needs a CUDA GPU and this machine has none (device "
+            f"{plan.device}); remove deepspeed to train on {plan.device}, or run on a machine with a GPU"
+        )
+
+
 def _trackers(plan: RunPlan) -> None:
     from lmstack.train.trackers import check as check_trackers
 
@@ -106,6 +124,7 @@ CHECKS: list[Callable[[RunPlan], None]] = [
     _quantization,
     _stage,
     _accuracy,
+    _evaluation,
     _trackers,
     _best_model,
 ]
@@ -117,7 +136,7 @@ def check(plan: RunPlan, launch: bool = True) -> list[str]:
     the rules about this machine's launch (process count, installed DeepSpeed)."""
     notes, problems = check_rules(plan, launch)
     errors: list[LmstackError] = [ConfigError(p) for p in problems]
-    for step in CHECKS:
+    for step in [*CHECKS, _deepspeed_device] if launch else CHECKS:
         try:
             step(plan)
         except LmstackError as err:

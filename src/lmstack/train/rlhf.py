@@ -1,5 +1,5 @@
 """Pieces the preference and RL stages share (dpo, kto, rm, ppo, grpo): TRL configs built from our
-TrainingArguments, our token rows as `datasets.Dataset`, the reference model (REFERENCE §2.3)."""
+TrainingArguments, our token rows as `datasets.Dataset`, the reference model."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def load_frozen_model(plan: RunPlan, path: str, adapters: str | None, tokenizer:
 
 
 def reference_model(plan: RunPlan, tokenizer: Any, needs_reference: bool = True) -> Any | None:
-    """REFERENCE §2.3: `ref_model` if set; else LoRA -> None (the trainer disables the adapter: no
+    """LLaMA-Factory's rule: `ref_model` if set; else LoRA -> None (the trainer disables the adapter: no
     second copy in memory); full/freeze -> a frozen copy of the starting model."""
     cfg = plan.cfg
     ft = cfg.finetuning
