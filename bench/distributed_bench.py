@@ -20,7 +20,7 @@ The worker is `lmstack train` plus a callback (bench code only) that times the s
 the speed benchmark does (real tokens between the end of step WARMUP and the end of training over the
 CUDA-synchronised wall time; num_input_tokens_seen is summed over ranks) and records each rank's peak
 memory. LoRA runs also check the saved adapter: every tensor non-empty, lora_B trained (ZeRO-3 gathers).
-Needs deepspeed (+ hjson, pydantic) importable: PYTHONPATH=/tmp/site_lm:src as in bench/run_bench.sh.
+Needs deepspeed (+ hjson, pydantic) importable: PYTHONPATH=/tmp/site_lm:src as bench/device.sh sets it.
 """
 
 from __future__ import annotations

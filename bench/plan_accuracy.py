@@ -12,7 +12,7 @@ the planner version that predicted them (a hash of src/lmstack/plan/*.py).
     python3 bench/plan_accuracy.py --dry-run [--only ...] [--out JSON]
         CPU: the same runs on lmstack's tiny model (predicted, then trained one step on the CPU where
         they can be; QLoRA only predicted), written to --out (never to bench/results).
-One GPU call (wheels, assets, the stage set): bash bench/plan_accuracy_call.sh.
+One GPU call (wheels, assets, the stage set): PHASES=plan PLAN_SET=... bash bench/device.sh.
 The prediction compared is the planner's `allocated` figure (its total without the fragmentation and
 CUDA-context margins, which max_memory_allocated does not see); `reserved` is compared with
 max_memory_reserved.

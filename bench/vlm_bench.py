@@ -6,7 +6,7 @@ records in LF's mllm_demo layout, through lmstack's real `train` path. One RESUL
     python3 bench/vlm_bench.py assets ROOT            # ROOT/model (bf16 safetensors), ROOT/data
     python3 bench/vlm_bench.py run ROOT NAME [k=v ...] # one lmstack run (NAME: lora | full)
     python3 bench/vlm_bench.py yaml ROOT NAME [k=v ...] # that run's YAML on stdout
-Random weights do not change throughput or memory. Call: bench/vlm_call.sh on the H200.
+Random weights do not change throughput or memory. Call: PHASES=vlm bash bench/device.sh on the H200.
 """
 
 from __future__ import annotations
