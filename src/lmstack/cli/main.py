@@ -143,7 +143,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from lmstack.plan.whatif import disk_free_gib, machine_memory_gib, plan_for
 
     cfg = load_config(args.config, args.overrides)
-    check_model_path(cfg)  # a hub id that is not cached while offline: one line, as `train` says it
+    # a hub id that is not cached while offline: one line, as `train` says it; the tokenizer is needed
+    # only when the data's own lengths are read
+    check_model_path(cfg, tokenizer=not args.no_data)
     # the GPU is probed (torch imported) only when --gpus / --gpu-memory leave something to read
     here = LaunchContext.from_env(probe_cuda=not (args.gpus and args.gpu_memory))
     gpus = args.gpus or max(here.gpu_count, 1)

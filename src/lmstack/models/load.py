@@ -20,15 +20,18 @@ def _looks_like_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and not os.path.isabs(name)
 
 
-def check_model_path(cfg: Config) -> None:
-    """Fail before anything loads: a local path must exist; a hub id must be reachable or cached."""
+def check_model_path(cfg: Config, tokenizer: bool = True) -> None:
+    """Fail before anything loads: a local path must exist; a hub id must be reachable or cached.
+    `tokenizer`: the run reads the tokenizer (train, check, chat, a plan that reads the data); a plan
+    from config.json alone (`lmstack plan --no-data`) needs none."""
     name = cfg.model.model_name_or_path
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
             raise ConfigError(f"model_name_or_path: {name} has no config.json; point it at a model directory")
         check_remote_code(path, cfg.model.trust_remote_code)
-        check_tokenizer_files(path)
+        if tokenizer:
+            check_tokenizer_files(path)
         return
     if not _looks_like_hub_id(name):
         raise ConfigError(

@@ -33,6 +33,8 @@ def model_dir(tmp_path, qwen_shapes):
         d.mkdir(exist_ok=True)
         config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **qwen_shapes[size]}
         (d / "config.json").write_text(json.dumps(config))
+        # nothing here loads a tokenizer, but the model-folder check asks for one: an empty tokenizer.json
+        (d / "tokenizer.json").write_text("{}")
         return str(d)
 
     return make
@@ -284,13 +286,12 @@ def test_lmstack_plan_cli_gpu_capability_searches_fp8(model_dir, tmp_path):
         main([*args, "--gpu-capability", "nine"])
 
 
-def test_lmstack_plan_on_an_fp8_config_answers_fast(model_dir, tmp_path):
-    """torch is imported here (models/fp8.py's layer rules), nothing of the training stack; ~1.4 s on this
-    box, the bound generous for CI's 2 shared cores (tests/unit/plan/test_plan_cli.py gives 4 s too)."""
+def test_lmstack_plan_on_an_fp8_config_imports_no_training_stack(model_dir, tmp_path):
+    """torch is imported here (models/fp8.py's layer rules), nothing of the training stack: what keeps
+    the answer fast, asserted by the modules loaded rather than by a wall-clock bound."""
     import os
     import subprocess
     import sys
-    import time
 
     import lmstack
 
@@ -298,19 +299,15 @@ def test_lmstack_plan_on_an_fp8_config_answers_fast(model_dir, tmp_path):
     flat = {**YAML, "model_name_or_path": model_dir("7b"), "dataset": "alpaca_en_demo", "fp8": True}
     config.write_text(yaml.safe_dump(flat))
     src = os.path.dirname(os.path.dirname(lmstack.__file__))
-    argv = [
-        sys.executable,
-        "-m",
-        "lmstack.cli.main",
-        "plan",
-        str(config),
-        "--gpus",
-        "1",
-        "--gpu-memory",
-        "24",
-    ]
-    start = time.monotonic()
+    probe = (
+        "import sys; from lmstack.cli.main import main; sys.argv = ['lmstack', *sys.argv[1:]]\n"
+        "try:\n    main()\nfinally:\n    print('MODULES', sorted({m.split('.')[0] for m in sys.modules}))"
+    )
+    argv = [sys.executable, "-c", probe, "plan", str(config), "--gpus", "1", "--gpu-memory", "24"]
     proc = subprocess.run([*argv, "--gpu-capability", "9.0", "--no-data"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": src}, timeout=120, check=True)  # fmt: skip
-    assert time.monotonic() - start < 4.0
+    loaded = proc.stdout.rsplit("MODULES", 1)[1]
+    assert not [m for m in ("transformers", "trl", "peft", "datasets", "deepspeed") if f"'{m}'" in loaded], (
+        loaded
+    )
     assert "of which FP8 base layers" in proc.stdout

