@@ -1,0 +1,31 @@
+"""What LLaMA-Factory's API accepts, `lmstack api` accepts too (checked with the official `openai`
+client against a real uvicorn on loopback), and malformed corners of a request get a clean 400."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+from lmstack.infer.limits import Limits
+from lmstack.infer.server import create_app
+from tests.unit.infer.test_server import FakeEngine, body, serving
+
+
+class TextEngine(FakeEngine):
+    tokenizer = range(1000)  # len() is the vocabulary size that /v1/completions checks ids against
+
+
+def client_for(port: int) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=10)
+
+
+def test_any_model_name_is_served_and_echoed():
+    engine = TextEngine(tick=0.001)
+    with serving(engine) as port:
+        reply = client_for(port).chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.model == "gpt-4o" and reply.choices[0].message.content == "xxxx"
+        done = client_for(port).completions.create(model="davinci", prompt="hi")
+        assert done.model == "davinci"
