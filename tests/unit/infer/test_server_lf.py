@@ -4,12 +4,7 @@ client against a real uvicorn on loopback), and malformed corners of a request g
 from __future__ import annotations
 
 import openai
-import pytest
-from fastapi.testclient import TestClient
-
-from lmstack.infer.limits import Limits
-from lmstack.infer.server import create_app
-from tests.unit.infer.test_server import FakeEngine, body, serving
+from tests.unit.infer.test_server import FakeEngine, serving
 
 
 class TextEngine(FakeEngine):
