@@ -4,7 +4,10 @@ client against a real uvicorn on loopback), and malformed corners of a request g
 from __future__ import annotations
 
 import openai
-from tests.unit.infer.test_server import FakeEngine, serving
+from fastapi.testclient import TestClient
+from tests.unit.infer.test_server import FakeEngine, body, serving
+
+from lmstack.infer.server import create_app
 
 
 class TextEngine(FakeEngine):
@@ -24,3 +27,10 @@ def test_any_model_name_is_served_and_echoed():
         assert reply.model == "gpt-4o" and reply.choices[0].message.content == "xxxx"
         done = client_for(port).completions.create(model="davinci", prompt="hi")
         assert done.model == "davinci"
+
+
+def test_logit_bias_is_capped_at_openais_300_entries():
+    client = TestClient(create_app(TextEngine(tick=0.001), "m"))
+    bias = {str(i): 1.0 for i in range(301)}
+    r = client.post("/v1/chat/completions", json=body("hi", logit_bias=bias))
+    assert r.status_code == 400 and "logit_bias: 301 entries; at most 300" in r.json()["error"]["message"]
