@@ -9,6 +9,19 @@ import os
 from pathlib import Path
 
 
+def bind_address(host: str | None, port: int | None, env: dict) -> tuple[str, int]:
+    """Flags win, then LLaMA-Factory's API_HOST / API_PORT, then loopback:8000 (LF users set these)."""
+    host = host or env.get("API_HOST") or "127.0.0.1"
+    if port is None:
+        raw = env.get("API_PORT", "8000")
+        if not raw.isdigit():
+            from lmstack.config.errors import ConfigError
+
+            raise ConfigError(f"API_PORT: got {raw!r}; give a port number")
+        port = int(raw)
+    return host, port
+
+
 def cmd_api(args: argparse.Namespace) -> int:
     from lmstack.config.extras import require
 
@@ -18,6 +31,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     from lmstack.infer.limits import Limits, check_bind
     from lmstack.infer.server import serve
 
+    args.host, args.port = bind_address(args.host, args.port, dict(os.environ))
     api_key = args.api_key or os.environ.get("API_KEY") or None
     check_bind(args.host, api_key)  # before the model loads
     limits = Limits(
@@ -53,8 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "trained in its output_dir is used (output_dir= on the command line: the base model)",
     )
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. max_new_tokens=512")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port, printed)")
+    p.add_argument("--host", help="address to bind (default: env API_HOST, else 127.0.0.1)")
+    p.add_argument(
+        "--port", type=int, help="port (default: env API_PORT, else 8000; 0 = any free port, printed)"
+    )
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: env API_KEY)")
     p.add_argument(
         "--model-name", help="model id reported by /v1/models (default: the model/adapter folder name)"

@@ -33,6 +33,7 @@ class APIError(Exception):
 
 MAX_N = 16  # choices per request
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # OpenAI's bound: each entry costs work at every decoding step
 UNSUPPORTED = ("functions", "function_call", "audio", "prediction", "web_search_options")
 
 
@@ -283,6 +284,12 @@ def check_common(req: Sampled, default: int, cap: int, cap_source: str, wanted: 
     stops = req.stops()
     if len(stops) > 4 or not all(0 < len(s) <= 256 for s in stops):
         raise APIError(400, "stop: give up to 4 non-empty strings of at most 256 characters", param="stop")
+    if len(req.logit_bias or {}) > MAX_LOGIT_BIAS:
+        raise APIError(
+            400,
+            f"logit_bias: {len(req.logit_bias or {})} entries; at most {MAX_LOGIT_BIAS}",
+            param="logit_bias",
+        )
     for key, bias in (req.logit_bias or {}).items():
         if not key.isdigit() or not -100 <= bias <= 100:
             raise APIError(

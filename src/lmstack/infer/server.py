@@ -12,7 +12,8 @@ and in tokens after (400); `max_tokens` by `--max-tokens-limit` (400, naming it;
 silently); the requests in progress by `--max-batch` + `--max-queue` (503 with `Retry-After`).
 Tokenization runs in worker threads, so the event loop keeps answering while big prompts are
 tokenized. A client that disconnects (waiting, tokenizing or generating, streamed or not) leaves the
-queue, and its generation stops at the next token. A `model` other than the served name is a 404.
+queue, and its generation stops at the next token. One model is served, so any `model` name is
+accepted and echoed in the reply, as LLaMA-Factory's API does (clients send "gpt-4o" and the like).
 Malformed requests get a 4xx JSON error (`{"error": {"message", "type", "param", "code"}}`),
 unexpected failures a JSON 500 without a traceback. Model settings such as `trust_remote_code`
 come only from the YAML, never from a request.
@@ -135,15 +136,6 @@ def _validate(model: type, body: Any) -> Any:
         raise APIError(422, validation_message(err)) from None
 
 
-def _check_model(req: Any, model_name: str) -> None:
-    if req.model != model_name:
-        raise APIError(
-            404,
-            f"model: {req.model!r} does not exist; this server serves {model_name!r} (see /v1/models)",
-            param="model",
-            code="model_not_found",
-        )
-
 
 def _cap(engine: Any, limits: Limits) -> tuple[int, int, str]:
     default = engine.cfg.generating.max_new_tokens
@@ -257,7 +249,6 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
     async def chat_completions(request: Request) -> Any:
         _authorize(request, api_key)
         req = _validate(ChatRequest, await _read_json(request))
-        _check_model(req, model_name)
         max_tokens = check_request(req, *_cap(engine, limits))
         urls = image_urls(req)
         if urls:
@@ -271,7 +262,7 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
         samplings = _samplings(
             engine, req, max_tokens, logprobs=req.logprobs, top_logprobs=top, json_object=json_object
         )
-        reply = Reply(f"chatcmpl-{uuid.uuid4().hex}", model_name, engine.tool_format, req, forced)
+        reply = Reply(f"chatcmpl-{uuid.uuid4().hex}", req.model, engine.tool_format, req, forced)
 
         async def work(gone: threading.Event, release: Callable) -> tuple[Any, bool]:
             if urls:
@@ -294,7 +285,6 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
     async def completions(request: Request) -> Any:
         _authorize(request, api_key)
         req = _validate(CompletionRequest, await _read_json(request))
-        _check_model(req, model_name)
         max_tokens = check_completion(req, *_cap(engine, limits))
         prompts = _prompts(req.prompt)
         for p in prompts:
@@ -302,7 +292,7 @@ def create_app(engine: Any, model_name: str, api_key: str | None = None, limits:
                 check_prompt_chars(None, [{"content": p}], limits.max_prompt_tokens, "prompt")
         top = req.logprobs or 0
         samplings = _samplings(engine, req, max_tokens, logprobs=req.logprobs is not None, top_logprobs=top)
-        reply = Reply(f"cmpl-{uuid.uuid4().hex}", model_name, engine.tool_format, req, None)
+        reply = Reply(f"cmpl-{uuid.uuid4().hex}", req.model, engine.tool_format, req, None)
 
         async def work(gone: threading.Event, release: Callable) -> tuple[Any, bool]:
             job = functools.partial(tokenize_texts, prompts, max_tokens)
