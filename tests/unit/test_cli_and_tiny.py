@@ -97,3 +97,22 @@ def test_tiny_model_is_deterministic(tmp_path):
     b = build_tiny_model(tmp_path / "b", data_dir=None)
     assert _digest(a) == _digest(b)
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(_digest(a))
+
+
+def test_train_help_says_required_once(capsys):
+    from lmstack.cli.main import main as cli_main
+
+    assert cli_main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "(required)" in out and "(required). (required)" not in out
+
+
+def test_plan_takes_overrides_after_options(monkeypatch):
+    from lmstack.cli import main as cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_plan", lambda args: seen.update(overrides=args.overrides) or 0)
+    assert cli.main(["plan", "cfg.yaml", "a=1", "--gpus", "8", "cutoff_len=64"]) == 0
+    assert seen["overrides"] == ["a=1", "cutoff_len=64"]
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "cfg.yaml", "--gpus", "8", "--bogus"])

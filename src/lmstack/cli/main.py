@@ -70,7 +70,9 @@ def fields_help() -> str:
         lines.append(f"\n  [{section}]")
         for name, info in cls.model_fields.items():
             default = "required" if info.is_required() else f"default {info.default!r}"
-            lines.append(f"    {name:<36} {info.description} ({default})")
+            text = info.description or ""
+            note = "" if f"({default})" in text else f" ({default})"  # a description may say it already
+            lines.append(f"    {name:<36} {text}{note}")
     from lmstack.templates import list_templates
 
     names = textwrap.fill(
@@ -315,7 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides after an option (`plan cfg --gpus 8 k=v`) are overrides too, as in `train`
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
