@@ -49,6 +49,9 @@ def train(config_path: str | None, overrides: list[str] | dict | None = None) ->
     cfg = load_config(config_path, overrides)
     plan, notes = plan_run(cfg)
     from lmstack.reliability.output_dir import finished_run
+    from lmstack.reliability.run_lock import acquire
+
+    acquire(cfg.training.output_dir)  # before anything is written there; held until the process ends
 
     done = finished_run(plan)  # a resume of a run that already reached its last step: nothing to do
     if done is not None:
