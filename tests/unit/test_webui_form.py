@@ -223,3 +223,48 @@ def test_webui_refuses_an_open_address_without_a_login_and_names_the_extra(monke
         ConfigError, match=r"needs Gradio, which is not installed: pip install 'lmstack\[webui\]'"
     ):
         args.func(args)
+
+
+def test_load_and_save_yaml_are_confined_to_the_working_and_allowed_folders(tmp_path):
+    """Load/Save YAML refuse paths outside the cwd-at-launch and --allow-dir folders (symlinks and `..`
+    resolved), and a file that is not YAML is named, never echoed."""
+    from types import SimpleNamespace
+
+    from lmstack.webui import train_tab
+    from lmstack.webui.paths import roots
+
+    work, extra, outside = tmp_path / "work", tmp_path / "extra", tmp_path / "outside"
+    for d in (work, extra, outside):
+        d.mkdir()
+    secret = outside / "shadow"
+    secret.write_text("root:$6$SECRETHASH:19000:0:99999:7:::\n")
+    (work / "link.yaml").symlink_to(secret)
+    (work / "notyaml.yaml").write_text("key: [unclosed SECRET_LINE\n")
+    specs = field_specs()
+    ui = SimpleNamespace(
+        specs=specs,
+        allowed=roots([str(extra)], cwd=str(work)),
+        flat=lambda keep, raw: form_to_flat(specs, list(raw), keep or []),
+    )
+    load = train_tab._load(ui)
+    for path in (
+        str(secret),
+        str(work / ".." / "outside" / "shadow"),
+        str(work / "link.yaml"),
+        "/etc/passwd",
+    ):
+        out = load("English", path)
+        assert "outside the folders" in out[0] and "SECRET" not in out[0] and "root:" not in out[0], out[0]
+    out = load("English", str(work / "notyaml.yaml"))
+    assert "not a YAML mapping" in out[0] and "SECRET_LINE" not in out[0], out[0]
+    (extra / "ok.yaml").write_text("model_name_or_path: m\noutput_dir: o\nlora_rank: 8\n")
+    assert "fields set" in load("English", str(extra / "ok.yaml"))[0]
+
+    save = train_tab._save(ui)
+    raw = [to_widget(s, s.default) for s in ui.specs]
+    names = [s.name for s in ui.specs]
+    raw[names.index("model_name_or_path")], raw[names.index("output_dir")] = "m", "o"
+    for path in (str(outside / "x.yaml"), str(work / ".." / "outside" / "y.yaml")):
+        assert "outside the folders" in save("English", path, [], *raw)[0]
+    assert not list(outside.glob("*.yaml"))
+    assert "Saved" in save("English", "sub/z.yaml", [], *raw)[0] and (work / "sub" / "z.yaml").is_file()

@@ -62,7 +62,7 @@ def cmd_webui(args: argparse.Namespace) -> int:
     require_gradio()
     from lmstack.webui.app import launch
 
-    launch(args.host, args.port, auth, args.share_dir, args.lang)
+    launch(args.host, args.port, auth, args.share_dir, args.lang, allow_dirs=args.allow_dir)
     return 0
 
 
@@ -91,5 +91,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--lang", choices=["en", "zh"], default="en", help="initial language (switchable in the UI)"
+    )
+    p.add_argument(
+        "--allow-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a folder Load/Save YAML may use besides the working folder (repeatable)",
     )
     p.set_defaults(func=cmd_webui)

@@ -26,8 +26,8 @@ CSS = """
 """
 
 
-def build_app(share_dir: str, lang: str = "en") -> gr.Blocks:
-    ui = Ui(share_dir, lang)
+def build_app(share_dir: str, lang: str = "en", allow_dirs: list[str] | None = None) -> gr.Blocks:
+    ui = Ui(share_dir, lang, allow_dirs=allow_dirs)
     with gr.Blocks(title="lmstack", analytics_enabled=False) as demo:
         with gr.Row(equal_height=True):
             ui.word(gr.Markdown(t("title", lang)), "title", "value")
@@ -93,9 +93,10 @@ def launch(
     share_dir: str,
     lang: str = "en",
     block: bool = True,
+    allow_dirs: list[str] | None = None,
 ) -> gr.Blocks:
     """Builds and serves the app (blocks until interrupted unless `block` is false)."""
-    demo = build_app(share_dir, lang)
+    demo = build_app(share_dir, lang, allow_dirs)
     demo.queue(default_concurrency_limit=4)
     demo.launch(
         server_name=host,

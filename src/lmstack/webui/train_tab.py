@@ -3,16 +3,17 @@ Preview data / Plan / Preview YAML / Load / Save / Start."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import yaml
 
+from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
 from lmstack.webui import actions, catalog
 from lmstack.webui.fields import TAB_FIELDS, TAB_SECTIONS, UP_FRONT, flat_to_form, to_widget, to_yaml
 from lmstack.webui.i18n import LANGS, t
+from lmstack.webui.paths import confine
 from lmstack.webui.ui import Ui, guarded, message
 
 TRAIN_SECTIONS = ("model", "data", "finetuning", "training")
@@ -152,7 +153,7 @@ def _save(ui: Ui):
         flat = ui.flat(keep, raw)
         build_config(dict(flat))  # the file written is one `lmstack train` accepts
         text = to_yaml(flat)
-        target = Path(path.strip()).expanduser()
+        target = confine(path, ui.allowed)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
         return message(t("saved_yaml", lang, path=target)), text
@@ -169,7 +170,16 @@ def _load(ui: Ui):
         path = getattr(path, "name", path)  # an upload hands over a file object (or its path)
         if not path or not str(path).strip():
             return (message(t("need_path", lang), ok=False), *[gr.update()] * (outputs - 1))
-        values, keep = flat_to_form(ui.specs, actions.read_yaml(str(path).strip()))
+        source = confine(str(path), ui.allowed, uploads=True)
+        try:
+            data = actions.read_yaml(source)
+        except Exception as err:  # the parser's message quotes the file's lines: name the file only
+            mark = getattr(err, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise ConfigError(f"{path}: not a YAML mapping lmstack can read{where}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: not a YAML mapping lmstack can read")
+        values, keep = flat_to_form(ui.specs, data)
         return (message(t("loaded_yaml", lang, path=path, n=len(keep))), keep, *values)
 
     return run

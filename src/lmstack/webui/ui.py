@@ -39,7 +39,12 @@ def message(text: str, ok: bool = True) -> str:
 class Ui:
     """The form (one widget per schema field), the run registry, the chat model and the language."""
 
-    def __init__(self, share_dir: str, lang: str = "en", dataset_dir: str = "data"):
+    def __init__(
+        self, share_dir: str, lang: str = "en", dataset_dir: str = "data", allow_dirs: list[str] | None = None
+    ):
+        from lmstack.webui.paths import roots
+
+        self.allowed = roots(allow_dirs)  # where Load/Save YAML may read and write
         self.specs: list[FieldSpec] = field_specs()
         self.by_name = {s.name: s for s in self.specs}
         self.fields: dict[str, Any] = {}
