@@ -159,7 +159,7 @@ def predict(
     import dataclasses
 
     from lmstack.config.load import build_config
-    from lmstack.plan import plan
+    from lmstack.memory import plan
     from lmstack.plan.whatif import request_from_config
 
     req = request_from_config(build_config(cfg_dict), gpus, gpu_gib)
@@ -587,7 +587,7 @@ def predict_stage(cfg_dict: dict, gpu_gib: float) -> tuple[dict, dict]:
     """The planner's breakdown of the configured setup, reading the data's row lengths (unpacked runs),
     and the lengths it used."""
     from lmstack.config.load import build_config
-    from lmstack.plan import plan
+    from lmstack.memory import plan
     from lmstack.plan.whatif import request_from_config
 
     req = request_from_config(build_config(cfg_dict), 1, gpu_gib, data=True)

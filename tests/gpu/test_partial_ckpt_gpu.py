@@ -31,7 +31,7 @@ import torch
 from lmstack.config.load import load_config
 from lmstack.launch import prepare
 from lmstack.launch.context import LaunchContext
-from lmstack.plan import plan as plan_setups
+from lmstack.memory import plan as plan_setups
 from lmstack.plan.from_config import request_from_plan
 from lmstack.train import STAGES
 from lmstack.train.run import apply_allocator, plan_run
@@ -89,8 +89,8 @@ def budget_between_full_and_none(cfg: dict) -> float:
     """GiB halfway between the planner's peaks with every layer and with no layer checkpointed (offloaded
     when cfg has use_unsloth_gc)."""
     from lmstack.config.load import build_config
-    from lmstack.plan import memory as mem
-    from lmstack.plan import plan
+    from lmstack.memory import memory as mem
+    from lmstack.memory import plan
     from lmstack.plan.whatif import request_from_config
 
     totals = {}

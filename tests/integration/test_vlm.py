@@ -262,7 +262,7 @@ def test_the_planner_reads_a_vision_model_with_its_vision_tower(family, tiny_vlm
     which has no class for these configs; now the whole model, vision tower included, is counted."""
     from transformers import AutoModelForImageTextToText
 
-    from lmstack.plan.model_spec import ModelSpec
+    from lmstack.memory.model_spec import ModelSpec
 
     spec = ModelSpec.from_pretrained_dir(tiny_vlm[family])
     model = AutoModelForImageTextToText.from_pretrained(tiny_vlm[family])

@@ -119,8 +119,8 @@ def test_chunked_ce_keeps_one_chunk_of_logits_alive(dtype, live_bytes):
     LMSTACK_CE_BYTES is the 9 B measured on the H200, which also sees cuBLAS/allocator effects)."""
     import torch
 
+    from lmstack.memory import memory
     from lmstack.models.kernels import linear_cross_entropy
-    from lmstack.plan import memory
 
     tokens, hidden, vocab, chunk = 8192, 16, 4000, 1024
     h = torch.randn(tokens, hidden, dtype=getattr(torch, dtype), requires_grad=True)

@@ -11,6 +11,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "lmstack"
 
 # lowest floor first; a module may import its own floor and the floors below it
 FLOORS = [
+    ("memory",),
     ("config",),
     ("launch",),
     ("templates",),
@@ -48,12 +49,13 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _runtime_imports(tree: ast.AST) -> list[ast.AST]:
-    """Import nodes, skipping `if TYPE_CHECKING:` blocks (annotations only, never executed)."""
+def _runtime_imports(tree: ast.AST, type_only: bool = False) -> list[ast.AST]:
+    """Import nodes; `if TYPE_CHECKING:` blocks (annotations only, never executed) skipped unless
+    `type_only` (a type-only circle is a circle too)."""
     found: list[ast.AST] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if not type_only and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             for child in node.orelse:
                 visit(child)
             return
@@ -66,11 +68,11 @@ def _runtime_imports(tree: ast.AST) -> list[ast.AST]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(type_only: bool = False) -> dict[str, set[str]]:
     mods = _modules()
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for name, path in mods.items():
-        for node in _runtime_imports(ast.parse(path.read_text())):
+        for node in _runtime_imports(ast.parse(path.read_text()), type_only):
             targets = []
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lmstack"):
                 for alias in node.names:
@@ -194,3 +196,23 @@ def test_run_decisions_are_not_re_derived() -> None:
             ):
                 found.append(f"{name}: {pattern!r} (read {owner})")
     assert not found, "\n".join(found)
+
+
+def test_memory_imports_nothing_else_of_lmstack() -> None:
+    """lmstack.memory is the ground floor: stdlib, torch/transformers/accelerate only (the resolver in
+    plan/ computes everything it needs from the config, model folder and data)."""
+    outside = [
+        f"{src} -> {dst}"
+        for src, targets in _graph(type_only=True).items()
+        if src.startswith("lmstack.memory")
+        for dst in targets
+        if not dst.startswith("lmstack.memory")
+    ]
+    assert not outside, "\n".join(sorted(outside))
+
+
+def test_vision_model_types_match_models_vision() -> None:
+    from lmstack.memory.model_spec import VISION_MODEL_TYPES
+    from lmstack.models.vision import COMPOSITE
+
+    assert set(COMPOSITE) == VISION_MODEL_TYPES

@@ -138,8 +138,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from lmstack.config.load import load_config
     from lmstack.launch.context import LaunchContext
+    from lmstack.memory import check_layout, enumerate_layouts, format_table, plan, pretrain_gpt_args, to_json
     from lmstack.models.load import check_model_path
-    from lmstack.plan import check_layout, enumerate_layouts, format_table, plan, pretrain_gpt_args, to_json
     from lmstack.plan.from_config import request_from_plan
     from lmstack.plan.lengths import data_lengths
     from lmstack.plan.whatif import disk_free_gib, machine_memory_gib, plan_for

@@ -36,20 +36,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from lmstack.memory.fp8_rules import HEAD_NAMES, SCOPES, VISION_PARTS, exclusion, too_small  # noqa: F401 (models.fp8.<name>)
+
 logger = logging.getLogger(__name__)
 
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
-HEAD_NAMES = ("lm_head", "output_layer", "embed_out")
-VISION_PARTS = (
-    "visual",
-    "vision_tower",
-    "vision_model",
-    "vision_encoder",
-    "multi_modal_projector",
-    "mm_projector",
-)
-SCOPES = ("frozen-base", "float8-training")
 
 
 def quantize_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,15 +155,6 @@ class Float8FrozenLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, fp8 e4m3 row-wise"
 
 
-def too_small(out_features: int, in_features: int) -> bool:
-    """FP8 does not pay on this GEMM: the per-token quantization costs more than the faster GEMM saves.
-    torchao's rowwise thresholds, which the H200 confirms (16384 tokens, ms bf16 -> FP8 forward / input
-    grad): 18944x3584 2.75 -> 1.75 / 2.78 -> 2.15; 3584x3584 0.60 -> 0.57 / 0.59 -> 0.66 (kept: even);
-    512x3584 0.09 -> 0.26 / 0.10 -> 0.23; Qwen2.5-0.5B's 4864x896 (65536 tokens) 0.76 -> 0.77 / 0.77 -> 1.40."""
-    n, k = out_features, in_features
-    return n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)
-
-
 def paying_projections(config: dict) -> tuple[list[str], list[str]]:
     """(projections FP8 pays on, those too small) of one decoder layer, from a config.json's dims."""
     text = config.get("text_config") or config
@@ -196,23 +179,6 @@ def small_layers_note(config: dict) -> str | None:
     dims = f"hidden_size {text.get('hidden_size')}, intermediate_size {text.get('intermediate_size')}"
     kept = f"{', '.join(small)} stay bf16: too small for FP8 to pay ({dims}; models/fp8.py too_small)"
     return f"fp8: {kept}" + ("; no projection is FP8, the run computes in bf16" if not pays else "")
-
-
-def exclusion(
-    model: nn.Module, name: str, module: nn.Module, head: nn.Module | None, pays_only: bool = True
-) -> str | None:
-    """Why this Linear stays out of FP8 (None: it can be FP8). `pays_only=False` (tests on tiny models)
-    converts layers too small for FP8 to pay as well."""
-    parts = name.split(".")
-    if module is head or parts[-1] in HEAD_NAMES:
-        return "the output head"
-    if any(p in VISION_PARTS for p in parts):
-        return "the vision tower / projector"
-    if module.in_features % 16 or module.out_features % 16:
-        return "in/out features not multiples of 16"
-    if pays_only and too_small(module.out_features, module.in_features):
-        return "too small for FP8 to pay"
-    return None
 
 
 def fp8_layers(

@@ -42,7 +42,7 @@ def auto_values(draft: RunPlan, gpu_memory_gib: float | None = None) -> tuple[di
         chosen = {name: CPU_CHOICE[name] for name in fields}
         shown = ", ".join(f"{k} -> {v}" for k, v in chosen.items())
         return chosen, f"auto on CPU (no GPU memory to size against): {shown}", True
-    from lmstack.plan import partial_ckpt, resolve_auto
+    from lmstack.memory import partial_ckpt, resolve_auto
     from lmstack.plan.from_config import request_from_plan
 
     try:

@@ -170,8 +170,8 @@ def fp8_speed_note(cfg: Config, fp8: Fp8Plan, compiled: CompilePlan) -> str | No
     refusal. None for LoRA, and where no projection converts (fp8_small_layers says so)."""
     if not (fp8.enabled and fp8.scope == "float8-training"):
         return None
+    from lmstack.memory.fp8_estimate import float8_training_measured
     from lmstack.models.fp8 import paying_projections
-    from lmstack.plan.fp8_estimate import float8_training_measured
 
     config = _config_json(cfg)
     if config and not paying_projections(config)[0]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lmstack.config.schema import Config
-from lmstack.plan.model_spec import ModelSpec
-from lmstack.plan.recommend import PlanRequest
+from lmstack.memory.model_spec import ModelSpec
+from lmstack.memory.recommend import PlanRequest
 
 if TYPE_CHECKING:
     from lmstack.plan.lengths import DataLengths
@@ -59,7 +59,7 @@ def _reference(cfg: Config) -> str:
 
 def stage_fields(plan: RunPlan, spec: ModelSpec) -> dict:
     """The stage's shape for the memory model (plan/stage_memory.py says what each trainer holds)."""
-    from lmstack.plan.stage_memory import REFERENCE_FREE_LOSSES
+    from lmstack.memory.stage_memory import REFERENCE_FREE_LOSSES
 
     cfg = plan.cfg
     ft, t, stage = cfg.finetuning, cfg.training, cfg.finetuning.stage

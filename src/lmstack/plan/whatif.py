@@ -10,8 +10,8 @@ from pathlib import Path
 
 from lmstack.config.schema import Config
 from lmstack.launch.context import LaunchContext
+from lmstack.memory.recommend import PlanRequest
 from lmstack.plan.from_config import request_from_plan
-from lmstack.plan.recommend import PlanRequest
 from lmstack.plan.runplan import RunPlan
 
 

@@ -64,7 +64,7 @@ def preview_data(flat: dict[str, Any]) -> tuple[str, str]:
 def plan_table(flat: dict[str, Any], gpus: int, gpu_memory_gib: float) -> tuple[str, dict[str, Any]]:
     """(`lmstack plan`'s table, the recommendation's YAML changes) for `gpus` GPUs of `gpu_memory_gib`."""
     from lmstack.launch.context import LaunchContext
-    from lmstack.plan import format_table, plan
+    from lmstack.memory import format_table, plan
     from lmstack.plan.from_config import request_from_plan
     from lmstack.plan.whatif import plan_for
 

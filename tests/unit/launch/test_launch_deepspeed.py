@@ -101,8 +101,8 @@ def _planner_deepspeed_values() -> list[tuple[str, int, bool, bool]]:
     considers, on one and on eight GPUs, as yaml_changes writes it."""
     from transformers import Qwen2Config
 
-    from lmstack.plan import ModelSpec, PlanRequest
-    from lmstack.plan.recommend import candidate_strategies, search, yaml_changes
+    from lmstack.memory import ModelSpec, PlanRequest
+    from lmstack.memory.recommend import candidate_strategies, search, yaml_changes
 
     spec = ModelSpec.from_config(
         Qwen2Config(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,

@@ -7,7 +7,7 @@ import json
 import pytest
 from transformers import GPT2Config, LlamaConfig, Qwen2Config
 
-from lmstack.plan import ModelSpec
+from lmstack.memory import ModelSpec
 
 QWEN_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)  # fmt: skip

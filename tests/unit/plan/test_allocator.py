@@ -16,8 +16,8 @@ import pytest
 
 from lmstack.config.load import build_config
 from lmstack.launch.context import LaunchContext
-from lmstack.plan import memory as mem
-from lmstack.plan import plan as run_planner
+from lmstack.memory import memory as mem
+from lmstack.memory import plan as run_planner
 from lmstack.plan.from_config import request_from_plan
 from lmstack.plan.runplan import RunPlan
 from lmstack.plan.whatif import gpu_context

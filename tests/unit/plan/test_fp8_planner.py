@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from lmstack.config.load import build_config
-from lmstack.plan import format_table, plan, resolve_auto, to_json
-from lmstack.plan.memory import GIB
+from lmstack.memory import format_table, plan, resolve_auto, to_json
+from lmstack.memory.memory import GIB
 from lmstack.plan.runplan import RunPlan
 from lmstack.plan.whatif import gpu_context, request_from_config
 from lmstack.train.preflight import check

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from lmstack.config.load import build_config
-from lmstack.plan import memory as mem
+from lmstack.memory import memory as mem
 
 LAYERS, ROWS, SEQ = 4, 2, 256  # ROWS x SEQ: what conftest.kept_per_token runs
 
@@ -37,7 +37,7 @@ def test_classic_amp_frozen_layers_keep_a_bf16_copy_of_their_weights(tmp_path, k
     """Autocast caches the bf16 cast only of weights that require grad; a frozen fp32 weight is cast anew in
     every forward and its matmul keeps the copy for the input gradient: 2 B/param per recording frozen layer
     (estimate.frozen_layers_saving adds them back)."""
-    from lmstack.plan.model_spec import ModelSpec
+    from lmstack.memory.model_spec import ModelSpec
     from lmstack.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "m", data_dir=None, hidden_size=256, intermediate_size=512,
@@ -53,8 +53,8 @@ def test_classic_amp_frozen_layers_keep_a_bf16_copy_of_their_weights(tmp_path, k
 def test_the_planner_counts_the_frozen_layers_with_the_discount(qwen):
     """The 1.5B with its first 2 of 28 layers trained, accumulating under classic AMP (round 8's +21.9% run):
     26 frozen layers at the traced discount, plus their bf16 weight copies."""
-    from lmstack.plan import plan
-    from lmstack.plan.estimate import frozen_layers_saving
+    from lmstack.memory import plan
+    from lmstack.memory.estimate import frozen_layers_saving
     from lmstack.plan.whatif import request_from_config
 
     base = dict(model_name_or_path=qwen("1.5b"), output_dir="o", bf16=True, cutoff_len=2048,
@@ -85,9 +85,9 @@ def test_a_trained_embedding_puts_every_frozen_layer_on_the_backwards_path(tmp_p
     the three frozen layers below record too (traced: one frozen layer's bf16 figure each, 2(6h + 2kv + 3i) per
     token, to 2%), and the embedding's parameters train (gradients, optimizer states; the tied head with it).
     The planner had counted neither."""
-    from lmstack.plan import plan
-    from lmstack.plan.estimate import frozen_recording_layers, head_trainable
-    from lmstack.plan.model_spec import ModelSpec
+    from lmstack.memory import plan
+    from lmstack.memory.estimate import frozen_recording_layers, head_trainable
+    from lmstack.memory.model_spec import ModelSpec
     from lmstack.plan.whatif import request_from_config
     from lmstack.tiny import build_tiny_model
 

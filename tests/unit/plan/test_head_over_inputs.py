@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lmstack.plan import memory as mem
-from lmstack.plan.estimate import (
+from lmstack.memory import memory as mem
+from lmstack.memory.estimate import (
     Setup,
     _loss_head_bytes,
     activations,

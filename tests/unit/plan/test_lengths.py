@@ -8,8 +8,8 @@ import pytest
 
 from lmstack.config.load import build_config
 from lmstack.data.pipeline import build_datasets
+from lmstack.memory import format_table, plan, to_json
 from lmstack.models.load import load_tokenizer
-from lmstack.plan import format_table, plan, to_json
 from lmstack.plan.from_config import request_from_plan
 from lmstack.plan.lengths import bound, data_lengths
 from lmstack.plan.whatif import plan_for

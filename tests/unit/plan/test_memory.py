@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmstack.plan import memory as mem
-from lmstack.plan.estimate import Setup, estimate
+from lmstack.memory import memory as mem
+from lmstack.memory.estimate import Setup, estimate
 
 KB = 1000
 
@@ -136,7 +136,7 @@ def test_offloaded_checkpointing_reserves_its_pending_inputs_once_more(specs):
     is unchanged, and plain checkpointing has none."""
     from dataclasses import replace
 
-    from lmstack.plan.estimate import Setup, estimate
+    from lmstack.memory.estimate import Setup, estimate
 
     spec = specs["qwen2.5-7b"]
     s = Setup(finetuning_type="lora", micro_batch=8, seq_len=2048, gradient_checkpointing=True, fused_ce=True,

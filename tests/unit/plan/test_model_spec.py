@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-from lmstack.plan import ModelSpec
+from lmstack.memory import ModelSpec
 
 TINY = [
     Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -92,7 +92,7 @@ def test_config_json_fast_path_counts_what_the_meta_model_counts(tmp_path, field
     field for field, as the real transformers class built on the meta device."""
     from transformers import AutoConfig
 
-    from lmstack.plan.model_spec import from_config_json
+    from lmstack.memory.model_spec import from_config_json
 
     (tmp_path / "config.json").write_text(json.dumps(fields))
     fast = from_config_json(tmp_path / "config.json")
@@ -101,7 +101,7 @@ def test_config_json_fast_path_counts_what_the_meta_model_counts(tmp_path, field
 
 
 def test_other_models_take_the_meta_path(tmp_path):
-    from lmstack.plan.model_spec import from_config_json
+    from lmstack.memory.model_spec import from_config_json
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 64}))
     assert from_config_json(tmp_path / "config.json") is None

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from lmstack.config.load import build_config
-from lmstack.plan import memory as mem
-from lmstack.plan.advice import yaml_changes
-from lmstack.plan.estimate import Setup, estimate
+from lmstack.memory import memory as mem
+from lmstack.memory.advice import yaml_changes
+from lmstack.memory.estimate import Setup, estimate
 
 
 def states(spec, **setup) -> tuple[float, float, float]:
@@ -154,7 +154,7 @@ def test_a_searched_micro_batch_that_accumulates_runs_classic_amp(specs, tmp_pat
     master_weights: optimizer makes such rows unsupported."""
     import json
 
-    from lmstack.plan import plan
+    from lmstack.memory import plan
     from lmstack.plan.whatif import request_from_config
 
     model = tmp_path / "m"
@@ -188,7 +188,7 @@ def test_a_zero0_row_that_accumulates_keeps_deepspeeds_masters(specs, tmp_path, 
     resolved it (request_from_plan: no fp32 model weights under DeepSpeed), never as classic AMP."""
     import json
 
-    from lmstack.plan import plan
+    from lmstack.memory import plan
     from lmstack.plan.whatif import request_from_config
 
     model = tmp_path / "m"
@@ -215,7 +215,7 @@ def test_master_weights_optimizer_rows_give_yaml_the_run_plan_accepts(tmp_path, 
     keep their own masters; adapters have none), so the recommendation passes `lmstack check`."""
     import json
 
-    from lmstack.plan import plan
+    from lmstack.memory import plan
     from lmstack.plan.whatif import plan_for, request_from_config
 
     model = tmp_path / "m"
@@ -244,7 +244,7 @@ def test_each_searched_strategy_is_estimated_with_its_own_precision_scheme(tmp_p
     classic-AMP single config (accumulation) searched onto ZeRO runs DeepSpeed's bf16 weights + masters."""
     import json
 
-    from lmstack.plan import plan
+    from lmstack.memory import plan
     from lmstack.plan.whatif import request_from_config
 
     model = tmp_path / "m"

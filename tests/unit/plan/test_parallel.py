@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmstack.plan import check_layout, enumerate_layouts, pretrain_gpt_args
-from lmstack.plan.parallel import bubble_ratio, korthikanti_layer_bytes
+from lmstack.memory import check_layout, enumerate_layouts, pretrain_gpt_args
+from lmstack.memory.parallel import bubble_ratio, korthikanti_layer_bytes
 
 # seed 000 §3.3: (model, gpus, tp, pp, dp, micro-batch size, global batch, sp, dist-opt, recompute)
 SEED_EXAMPLES = [

@@ -12,11 +12,11 @@ import pytest
 
 from lmstack.config.load import build_config
 from lmstack.launch.context import LaunchContext
-from lmstack.plan import format_table, plan
-from lmstack.plan import memory as mem
-from lmstack.plan.estimate import Setup, estimate
-from lmstack.plan.model_spec import ModelSpec
-from lmstack.plan.recommend import RECOMPUTE_COST, relative_cost
+from lmstack.memory import format_table, plan
+from lmstack.memory import memory as mem
+from lmstack.memory.estimate import Setup, estimate
+from lmstack.memory.model_spec import ModelSpec
+from lmstack.memory.recommend import RECOMPUTE_COST, relative_cost
 from lmstack.plan.runplan import RunPlan
 from lmstack.plan.whatif import gpu_context, request_from_config
 from lmstack.train.preflight import check
@@ -187,8 +187,8 @@ def test_a_resolved_partial_plan_is_estimated_at_its_own_k(qwen7b, over):
 def test_partial_offloaded_rows_are_shown_labelled_and_explained(qwen7b):
     """With use_unsloth_gc under auto the configured row is k/N offloaded: `lmstack plan` shows such rows
     ("k/N offload"), and a recommendation of one says it recomputes k of the N layers, offloaded."""
-    from lmstack.plan.advice import ckpt_cell, reason
-    from lmstack.plan.report import shown_candidates
+    from lmstack.memory.advice import ckpt_cell, reason
+    from lmstack.memory.report import shown_candidates
 
     result = plan(request(qwen7b, 24, use_unsloth_gc=True))
     conf = result.configured.setup

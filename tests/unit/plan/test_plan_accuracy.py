@@ -22,7 +22,7 @@ def recomputed(tmp_path_factory):
     import plan_check
     from plan_accuracy import predict
 
-    from lmstack.plan import memory
+    from lmstack.memory import memory
 
     doc = json.loads(RESULTS.read_text())
     root = tmp_path_factory.mktemp("configs")

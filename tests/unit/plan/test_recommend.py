@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from lmstack.plan import PlanRequest, format_table, plan, resolve_auto, to_json
-from lmstack.plan.estimate import Setup, estimate
+from lmstack.memory import PlanRequest, format_table, plan, resolve_auto, to_json
+from lmstack.memory.estimate import Setup, estimate
 
 H200_GIB = 139.0
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from lmstack.config.load import build_config
-from lmstack.plan import format_table, plan
+from lmstack.memory import format_table, plan
 from lmstack.plan.runplan import RunPlan
 from lmstack.plan.whatif import gpu_context, request_from_config
 from lmstack.train.preflight import check

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from lmstack.config.load import build_config
-from lmstack.plan import memory as mem
-from lmstack.plan import plan
-from lmstack.plan.estimate import Setup, estimate
+from lmstack.memory import memory as mem
+from lmstack.memory import plan
+from lmstack.memory.estimate import Setup, estimate
 from lmstack.plan.whatif import plan_for, request_from_config
 
 
@@ -75,8 +75,8 @@ def test_freeze_tuning_with_checkpointing_keeps_every_layers_input(tmp_path, liv
     but full: the embedding output requires grad, so the frozen layers below the trainable ones record too.
     Every layer keeps its checkpointed input (traced: 4 of 4 layers' 2h, with one trainable), and a frozen
     layer above the checkpointed ones keeps its activations. The planner counted only the trainable layers."""
-    from lmstack.plan.estimate import kept_recomputed
-    from lmstack.plan.model_spec import ModelSpec
+    from lmstack.memory.estimate import kept_recomputed
+    from lmstack.memory.model_spec import ModelSpec
     from lmstack.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "m", data_dir=None, hidden_size=256, intermediate_size=512,
@@ -118,7 +118,7 @@ def test_the_accumulation_margin_is_freed_before_the_optimizer_step(specs):
     frees them like the activations, so torch's multi-tensor AdamW step (sqrt(exp_avg_sq) of every
     parameter, after the backward) raises the peak only above activations + loss + margin. Where the step
     is the peak, an accumulating run peaks where the one-step run does; the margin was stacked on it."""
-    from lmstack.plan.estimate import accumulation_terms, activations, loss_bytes
+    from lmstack.memory.estimate import accumulation_terms, activations, loss_bytes
 
     spec = specs["qwen2.5-0.5b"]
     acc = Setup(finetuning_type="full", fp32_model_weights=True, adam_foreach=True, micro_batch=1,
@@ -135,7 +135,7 @@ def test_eager_attention_recompute_phase_holds_the_layers_scores(specs):
     attention the recomputed layer holds its s x s scores too (they are in the activations' recomputed
     layer), so the phase the loss never meets is that whole layer: the training phase above the
     checkpointed inputs is the larger of the two, not their partial sum."""
-    from lmstack.plan.estimate import (
+    from lmstack.memory.estimate import (
         activations,
         loss_bytes,
         outside_layers_bytes,

@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from lmstack.config.load import build_config
-from lmstack.plan import memory as mem
-from lmstack.plan import plan
-from lmstack.plan.estimate import Setup, outside_layers_bytes, train_tokens
-from lmstack.plan.stage_memory import REFERENCE_COPY_ROW
+from lmstack.memory import memory as mem
+from lmstack.memory import plan
+from lmstack.memory.estimate import Setup, outside_layers_bytes, train_tokens
+from lmstack.memory.stage_memory import REFERENCE_COPY_ROW
 from lmstack.plan.whatif import plan_for, request_from_config
 
 
@@ -78,7 +78,7 @@ def test_a_full_dpo_under_fsdp_shards_its_bf16_reference_copy(qwen, monkeypatch)
     compute dtype (bf16), and FSDP FULL_SHARD splits it over the ranks as it is: 2 B/param / n. The runs made
     before the copy loaded in bf16 had it like the policy, fp32: 4 B/param / n (REFERENCE_COPY_LIKE_THE_POLICY).
     DeepSpeed's engine casts its copy to bf16 either way."""
-    from lmstack.plan import stage_memory
+    from lmstack.memory import stage_memory
 
     path = qwen("0.5b")
     n_params = 494_032_768
@@ -107,7 +107,7 @@ def test_searched_fsdp_rows_shard_the_reference_and_shard_grad_op_keeps_its_gath
     ranks; SHARD_GRAD_OP keeps the whole gathered bf16 copy beside its shards (no reshard after a forward
     without a backward)."""
     result = _planned(qwen("0.5b"), 2, stage="dpo")
-    from lmstack.plan.recommend import candidate_strategies, search
+    from lmstack.memory.recommend import candidate_strategies, search
 
     rows = search(result.request, candidate_strategies(result.request))
     n_params = 494_032_768
@@ -146,7 +146,7 @@ def test_llama_pro_records_the_frozen_layers_between_its_expanded_blocks(tmp_pat
 def test_the_planner_counts_llama_pros_recording_frozen_layers(qwen):
     """Qwen2.5-0.5B (24 layers) with 4 expanded blocks (layers 5, 11, 17, 23): 19 layers record, 15 of them
     frozen; the planner counted the last 4 only, as for freeze_trainable_layers: 4."""
-    from lmstack.plan.estimate import _layer_bytes_per_token, activation_factor
+    from lmstack.memory.estimate import _layer_bytes_per_token, activation_factor
 
     path = qwen("0.5b")
     last = _planned(path, finetuning_type="freeze", freeze_trainable_layers=4)

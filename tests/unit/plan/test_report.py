@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from lmstack.plan import PlanRequest, format_table, plan, to_json
-from lmstack.plan import memory as mem
+from lmstack.memory import PlanRequest, format_table, plan, to_json
+from lmstack.memory import memory as mem
 
 
 def test_json_gives_allocated_and_reserved_and_the_margins(specs):

@@ -12,7 +12,7 @@ import pytest
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
 from lmstack.launch.context import LaunchContext
-from lmstack.plan import plan
+from lmstack.memory import plan
 from lmstack.plan.from_config import request_from_plan
 from lmstack.plan.runplan import RunPlan
 from lmstack.plan.whatif import gpu_context, plan_for

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from lmstack.config.load import build_config
-from lmstack.plan import memory as mem
-from lmstack.plan import plan
-from lmstack.plan.estimate import Setup, estimate
-from lmstack.plan.stage_memory import PERSISTENT_ROWS, REFERENCE_COPY_ROW
+from lmstack.memory import memory as mem
+from lmstack.memory import plan
+from lmstack.memory.estimate import Setup, estimate
+from lmstack.memory.stage_memory import PERSISTENT_ROWS, REFERENCE_COPY_ROW
 from lmstack.plan.whatif import request_from_config
 
 
@@ -43,7 +43,7 @@ def test_dpo_full_keeps_a_frozen_reference_copy_in_the_compute_dtype(qwen, monke
     policy is fp32 (what a DPO full fine-tune runs here: master_weights auto keeps fp32 weights in the model
     for it). The runs recorded before loaded it like the policy, fp32 (the H200 trace snap_r8_dpo_1.5b_full_
     mb2_ckpt: two fp32 copies, 11.50 GiB): stage_memory.REFERENCE_COPY_LIKE_THE_POLICY models them."""
-    from lmstack.plan import stage_memory
+    from lmstack.memory import stage_memory
 
     req, gpu = configured(qwen("0.5b"), stage="dpo", finetuning_type="full")
     assert plan(req).configured.setup.fp32_model_weights
@@ -62,7 +62,7 @@ def test_a_full_dpo_step_holds_every_gradient_and_the_sqrt_but_not_the_reference
     (`snap_r8_dpo_1.5b_full_mb2_ckpt`, 34.57 GiB: 11.50 of weights, 11.50 of moments, 5.75 of the sqrt, 5.75
     of gradients); the planner had summed the reference forward into the step and the copy at bf16 (32.26,
     -6.7%). The copy now loads in bf16: 2 B/param less."""
-    from lmstack.plan import stage_memory
+    from lmstack.memory import stage_memory
 
     def step_peak():
         req, gpu = configured(qwen("1.5b"), stage="dpo", finetuning_type="full", per_device_train_batch_size=2,
@@ -168,7 +168,7 @@ def test_a_full_fine_tune_whose_loss_head_peaks_at_the_backward_start_does_not_a
 def test_an_auto_micro_batch_with_accumulation_keeps_every_gradient_in_the_peak(qwen):
     """per_device_train_batch_size: auto keeps gradient_accumulation_steps (plan/advice.py): every searched
     micro-batch accumulates, so the backward-start rule of the full-logits head does not apply to any row."""
-    from lmstack.plan.estimate import model_states
+    from lmstack.memory.estimate import model_states
 
     flat = dict(model_name_or_path=qwen("0.5b"), output_dir="o", bf16=True, cutoff_len=1024, stage="dpo",
                 pref_loss="orpo", finetuning_type="full", per_device_train_batch_size="auto",
@@ -196,7 +196,7 @@ def test_ppo_keeps_every_gradient_and_its_stage_weights_in_the_peak(specs):
 
 
 def test_the_table_says_why_a_backward_start_peak_shows_few_gradients(specs):
-    from lmstack.plan.recommend import PlanRequest
+    from lmstack.memory.recommend import PlanRequest
 
     orpo = dict(spec=specs["qwen2.5-0.5b"], finetuning_type="full", stage="dpo", rows_per_example=2,
                 micro_batch=2, seq_len=1024, loss_path="full_logits", fp32_model_weights=True,
@@ -227,7 +227,7 @@ def test_full_checkpointing_counts_the_loss_head_and_the_reference_only_above_th
     checkpointed +29.2%, ORPO +7.0%; with this rule +5.8% and -0.2%."""
     from dataclasses import replace
 
-    from lmstack.plan.estimate import (
+    from lmstack.memory.estimate import (
         _loss_head_bytes,
         _recompute_layer_bytes,
         activations,
@@ -235,8 +235,8 @@ def test_full_checkpointing_counts_the_loss_head_and_the_reference_only_above_th
         recompute_phase_bytes,
         train_tokens,
     )
-    from lmstack.plan.model_spec import ModelSpec
-    from lmstack.plan.stage_memory import _no_grad_forward
+    from lmstack.memory.model_spec import ModelSpec
+    from lmstack.memory.stage_memory import _no_grad_forward
 
     path = qwen("1.5b")
     req, gpu = configured(path, stage="dpo", pref_loss=loss, gradient_checkpointing=True)

@@ -12,11 +12,11 @@ import pytest
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
 from lmstack.launch.context import LaunchContext
-from lmstack.plan import memory as mem
-from lmstack.plan import plan
-from lmstack.plan.estimate import Setup, estimate
-from lmstack.plan.model_spec import ModelSpec
-from lmstack.plan.recommend import relative_cost
+from lmstack.memory import memory as mem
+from lmstack.memory import plan
+from lmstack.memory.estimate import Setup, estimate
+from lmstack.memory.model_spec import ModelSpec
+from lmstack.memory.recommend import relative_cost
 from lmstack.plan.runplan import RunPlan
 from lmstack.plan.whatif import gpu_context, request_from_config
 from lmstack.train.preflight import check
@@ -166,7 +166,7 @@ def test_offloaded_mode_is_never_proposed_with_zero3_or_fsdp(qwen7b):
     assert not [c for c in offloaded if c.setup.deepspeed_stage == 3 or c.setup.fsdp]
     # and a configured use_unsloth_gc under ZeRO-3 is named as unsupported, not estimated as if it ran
     s = replace(offloaded[0].setup, deepspeed_stage=3, fsdp=None)
-    from lmstack.plan.advice import unsupported
+    from lmstack.memory.advice import unsupported
 
     assert "use_unsloth_gc" in unsupported(result.request, s)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lmstack.config.load import build_config
-from lmstack.plan import plan
+from lmstack.memory import plan
 from lmstack.plan.from_config import request_from_plan
 from lmstack.plan.whatif import plan_for
 

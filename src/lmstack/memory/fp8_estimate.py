@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from lmstack.plan import memory as mem
+from lmstack.memory import memory as mem
 
 if TYPE_CHECKING:
-    from lmstack.plan.estimate import Setup
-    from lmstack.plan.model_spec import ModelSpec
-    from lmstack.plan.recommend import PlanRequest
+    from lmstack.memory.estimate import Setup
+    from lmstack.memory.model_spec import ModelSpec
+    from lmstack.memory.recommend import PlanRequest
 
 # --- speed (recommend.relative_cost): the step's time with FP8, relative to bf16 ---------------------------
 # The GEMM alone, FP8 row-wise (torch._scaled_mm) over bf16: bench/results/fp8_probe.jsonl (H200, torch
@@ -108,7 +108,7 @@ def decoder_shapes(spec: ModelSpec) -> dict[str, tuple[int, int]]:
 def fp8_layers(spec: ModelSpec) -> Fp8Layers:
     """Which of `spec`'s Linear layers FP8 converts: `models.fp8.exclusion` per decoder projection (its
     head / vision / multiple-of-16 / too-small rules); the rest of each group counted bf16."""
-    from lmstack.models.fp8 import exclusion
+    from lmstack.memory.fp8_rules import exclusion
 
     shapes, layers = decoder_shapes(spec), spec.num_layers
     converted, kept = [], []

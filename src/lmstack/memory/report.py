@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from lmstack.plan import partial_ckpt
-from lmstack.plan.advice import ckpt_cell
-from lmstack.plan.estimate import estimate
-from lmstack.plan.memory import MemoryBreakdown
-from lmstack.plan.recommend import Candidate, PlanResult, _best_per_strategy
+from lmstack.memory import partial_ckpt
+from lmstack.memory.advice import ckpt_cell
+from lmstack.memory.estimate import estimate
+from lmstack.memory.memory import MemoryBreakdown
+from lmstack.memory.recommend import Candidate, PlanResult, _best_per_strategy
 
 TABLE_COLUMNS = (
     "strategy", "mb", "ckpt", "weights", "grads", "optim", "adapters", "activ", "logits", "stage", "alloc",

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lmstack.plan import memory as mem
+from lmstack.memory import memory as mem
 
 if TYPE_CHECKING:
-    from lmstack.plan.estimate import Setup
-    from lmstack.plan.model_spec import ModelSpec
+    from lmstack.memory.estimate import Setup
+    from lmstack.memory.model_spec import ModelSpec
 
 PAIRED_STAGES = ("dpo", "rm")  # chosen + rejected in one batch (orpo/simpo are dpo's pref_loss values)
 REFERENCE_FREE_LOSSES = ("orpo", "simpo")

@@ -16,6 +16,11 @@ from typing import Any
 OUTPUT_HEAD_NAMES = ("lm_head", "embed_out", "output_layer")
 
 
+# the composite vision-language model types (models/vision.py COMPOSITE's keys; a unit test holds them equal):
+# counted with AutoModelForImageTextToText so the vision tower is counted too
+VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava"})
+
+
 @dataclass(frozen=True)
 class LinearGroup:
     """All linear leaves that share one leaf name (e.g. every ``q_proj`` in the model)."""
@@ -100,11 +105,9 @@ class ModelSpec:
         from accelerate import init_empty_weights
         from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-        from lmstack.models.vision import COMPOSITE
-
         text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         vision = (
-            getattr(cfg, "model_type", None) in COMPOSITE
+            getattr(cfg, "model_type", None) in VISION_MODEL_TYPES
         )  # Qwen2-VL / LLaVA: the vision tower counted too
         with init_empty_weights():
             model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(cfg)

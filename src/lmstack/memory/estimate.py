@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lmstack.plan import fp8_estimate
-from lmstack.plan import memory as mem
-from lmstack.plan.model_spec import ModelSpec
+from lmstack.memory import fp8_estimate
+from lmstack.memory import memory as mem
+from lmstack.memory.model_spec import ModelSpec
 
 FINETUNING_TYPES = ("full", "freeze", "lora")
 OPTIMIZERS = ("adamw", "galore", "apollo", "badam", "muon")  # use_galore | use_apollo | use_badam | use_muon
@@ -140,7 +140,7 @@ def validate_setup(s: Setup) -> None:
     if s.rows_per_example < 1:
         raise ValueError(f"rows_per_example: got {s.rows_per_example}; must be >= 1")
     if s.fp8 is not None:
-        from lmstack.models.fp8 import SCOPES
+        from lmstack.memory.fp8_rules import SCOPES
 
         if s.fp8 not in SCOPES:
             raise ValueError(f"fp8: got {s.fp8!r}; allowed: {' | '.join(SCOPES)} | null")
@@ -622,7 +622,7 @@ def accumulation_terms(spec: ModelSpec, s: Setup) -> tuple[tuple[str, float], ..
 
 def estimate(spec: ModelSpec, s: Setup) -> Estimate:
     """Predicted peak memory of one GPU for setup ``s`` plus CPU memory for offload."""
-    from lmstack.plan.stage_memory import stage_terms, step_freed_bytes
+    from lmstack.memory.stage_memory import stage_terms, step_freed_bytes
 
     validate_setup(s)
     st = model_states(spec, s)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lmstack.plan import memory as mem
-from lmstack.plan.estimate import Setup
-from lmstack.plan.model_spec import ModelSpec
+from lmstack.memory import memory as mem
+from lmstack.memory.estimate import Setup
+from lmstack.memory.model_spec import ModelSpec
 
 if TYPE_CHECKING:
-    from lmstack.plan.recommend import Candidate, PlanRequest
+    from lmstack.memory.recommend import Candidate, PlanRequest
 
 # YAML values for each DeepSpeed template: names of the templates shipped in lmstack/launch/templates/
 # (LF's examples/deepspeed files; z1 is lmstack's own), found from any working directory.

@@ -18,9 +18,9 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from lmstack.plan import fp8_estimate
-from lmstack.plan import memory as mem
-from lmstack.plan.advice import (
+from lmstack.memory import fp8_estimate
+from lmstack.memory import memory as mem
+from lmstack.memory.advice import (
     METHOD_CHANGE_MIN_SPEEDUP,
     checkpoint_gib,
     label,
@@ -29,7 +29,7 @@ from lmstack.plan.advice import (
     unsupported,
     yaml_changes,
 )
-from lmstack.plan.estimate import (
+from lmstack.memory.estimate import (
     Estimate,
     Setup,
     estimate,
@@ -37,9 +37,9 @@ from lmstack.plan.estimate import (
     recomputed_layers,
     validate_setup,
 )
-from lmstack.plan.model_spec import ModelSpec
-from lmstack.plan.parallel import Layout, enumerate_layouts
-from lmstack.plan.partial_ckpt import describe, smallest_fitting
+from lmstack.memory.model_spec import ModelSpec
+from lmstack.memory.parallel import Layout, enumerate_layouts
+from lmstack.memory.partial_ckpt import describe, smallest_fitting
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 # --- rough relative cost model (time per token; 1.0 = plain DDP, fused CE, flash, big batch) --
@@ -446,7 +446,7 @@ def offload_checkpoint_cost(spec: ModelSpec, s: Setup) -> float:
     + OFFLOAD_CKPT_FIXED_COST (0 without it). PCIe: every layer input to the CPU and back; compute:
     forward + backward + the recompute forward (2N FLOPs per token each, the weight gradient only when
     the base trains) at ASSUMED_ACHIEVED_TFLOPS. An estimate."""
-    from lmstack.plan.estimate import offloaded_activations, train_tokens
+    from lmstack.memory.estimate import offloaded_activations, train_tokens
 
     if not s.checkpoint_offload:
         return 0.0

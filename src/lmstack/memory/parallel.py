@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lmstack.plan import memory as mem
-from lmstack.plan.model_spec import ModelSpec
+from lmstack.memory import memory as mem
+from lmstack.memory.model_spec import ModelSpec
 
 # Megatron mixed precision (bf16 params, fp32 main grads, fp32 master + Adam m/v):
 # 18 B/param; --use-distributed-optimizer shards the 12 optimizer bytes over DP: 6 + 12/DP.
