@@ -1,7 +1,7 @@
 """Planner accuracy on the GPU: short real `lmstack train` runs, each *predicted before it is measured*,
 the planner's per-GPU breakdown next to the measured `torch.cuda.max_memory_allocated()` /
 `max_memory_reserved()`, merged into bench/results/plan_accuracy.json as `basis: "predicted"` rows with
-the planner version that predicted them (a hash of src/lmstack/plan/*.py).
+the planner version that predicted them (a hash of src/lmstack/plan/*.py and src/lmstack/memory/*.py).
 
     python3 bench/plan_accuracy.py ASSETS [--set stages|small|big|all] [--only NAME,...] [--out JSON]
                                    [--budget S] [--skip-done] [--steps N]
@@ -578,8 +578,9 @@ def planner_version() -> str:
     import lmstack
 
     h = hashlib.sha256()
-    for path in sorted((Path(REPO) / "src" / "lmstack" / "plan").glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for folder in ("plan", "memory"):
+        for path in sorted((Path(REPO) / "src" / "lmstack" / folder).glob("*.py")):
+            h.update(f"{folder}/{path.name}".encode() + b"\0" + path.read_bytes())
     return f"{lmstack.__version__}+plan.{h.hexdigest()[:12]}"
 
 

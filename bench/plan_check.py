@@ -30,7 +30,7 @@ from make_assets import CONFIGS, qwen_config  # noqa: E402
 from plan_accuracy import predict  # noqa: E402
 
 from lmstack.memory import memory as plan_memory  # noqa: E402
-from lmstack.plan import stage_memory  # noqa: E402
+from lmstack.memory import stage_memory  # noqa: E402
 
 H200_GIB = 139.8
 
