@@ -9,7 +9,7 @@
 #   peers     the same with Unsloth too, one run id, resumable (--skip-done)   [PEERS_SET=peers7, RID]
 #   fused     the fused LoRA kernel's GPU tests and micro-benchmark
 #   probe     FP8 GEMM probe (bench/probe_fp8.py) and Unsloth's env import
-#   gputests  the marked GPU tests                                             [GPU_TESTS]
+#   gputests  every GPU-marked test (names, outcomes, times in gpu_tests.xml)  [GPU_TESTS]
 #   unsloth   the Unsloth GPU tests, in Unsloth's own env
 #   fsdp1     FSDP1 + LoRA through accelerate, fused vs PEFT LoRA kernel
 #   parity    FP8 vs bf16 loss parity, 200 steps (bench/fp8_parity.py)       [PARITY_SET=small, PARITY_ONLY=1.5b_lora]
@@ -71,11 +71,10 @@ for ph in $PHASES; do
   probe)
     PYTHONPATH=$LM timeout 100 python3 bench/probe_fp8.py 2>&1 | tee "$O/probe_fp8.jsonl" | tail -12
     PYTHONPATH=/tmp/site_uns timeout 90 python3 -c "import unsloth, importlib.metadata as m; print('unsloth import ok', m.version('unsloth'))" 2>&1 | tail -3 ;;
-  gputests)
-    PYTHONPATH=$LM timeout $(($(left) - 30)) python3 -m pytest -q -s -p no:cacheprovider -m gpu \
-      ${GPU_TESTS:-tests/gpu/test_partial_ckpt_gpu.py tests/gpu/test_allocator_gpu.py tests/gpu/test_fused_lora_gpu.py \
-      tests/gpu/test_fp8_gpu.py tests/unit/infer/test_batching_handoff.py} 2>&1 | grep -v "^\[" >"$O/gpu_tests.txt"
-    tail -25 "$O/gpu_tests.txt" ;;
+  gputests)  # every GPU-marked test unless GPU_TESTS names some; each test's name, outcome and time in the xml
+    PYTHONPATH=$LM timeout $(($(left) - 30)) python3 -m pytest -p no:cacheprovider -m gpu -v -rfEs --durations=40 \
+      --junitxml="$O/gpu_tests.xml" ${GPU_TESTS:-tests} >"$O/gpu_tests.txt" 2>&1
+    echo "gpu tests rc=$?"; grep -E "passed|failed|error" "$O/gpu_tests.txt" | tail -30 ;;
   unsloth)
     PYTHONPATH=/tmp/site_uns:$PWD/src timeout $(($(left) - 20)) python3 -m pytest -p no:cacheprovider -q -rf \
       tests/gpu/test_unsloth_gpu.py >"$O/unsloth_tests.log" 2>&1; echo "unsloth tests rc=$?"; tail -15 "$O/unsloth_tests.log" ;;
