@@ -35,10 +35,11 @@ def _writable_dir(out: Path) -> None:
         raise ConfigError(f"output_dir: {out} is not writable; fix its permissions or choose another")
 
 
-def acquire(output_dir: str | Path) -> Path | None:
-    """Lock `output_dir` for this run (None: a torchrun worker, whose launcher holds the lock)."""
+def acquire(output_dir: str | Path, is_main: bool = True) -> Path | None:
+    """Lock `output_dir` for this run (None: a launcher's worker other than rank 0, or a worker whose
+    launcher holds the lock). `is_main` is the launch context's rank-0 answer (the run plan's ctx)."""
     out = Path(output_dir).absolute()
-    if os.environ.get(HELD_ENV) == str(out) or os.environ.get("RANK", "0") != "0":
+    if os.environ.get(HELD_ENV) == str(out) or not is_main:
         return None
     _writable_dir(out)
     path = lock_path(out)

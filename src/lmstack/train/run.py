@@ -51,7 +51,7 @@ def train(config_path: str | None, overrides: list[str] | dict | None = None) ->
     from lmstack.reliability.output_dir import finished_run
     from lmstack.reliability.run_lock import acquire
 
-    acquire(cfg.training.output_dir)  # before anything is written there; held until the process ends
+    acquire(cfg.training.output_dir, plan.ctx.is_main)  # before anything is written; held till exit
 
     done = finished_run(plan)  # a resume of a run that already reached its last step: nothing to do
     if done is not None:
