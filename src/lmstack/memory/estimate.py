@@ -362,7 +362,7 @@ def _activation_layers(spec: ModelSpec, s: Setup) -> int:
     checkpointing every layer records: train/common.enable_gradient_checkpointing makes the embedding output
     require grad (enable_input_require_grads) for every method but full, so each frozen layer keeps its
     checkpointed input, or its activations where it is not checkpointed (traced, tests/unit/plan/
-    test_review7.py; a frozen layer saves less than a trainable one: counted as one, on the safe side). The
+    test_recompute_and_accumulation_margin.py; a frozen layer saves less than a trainable one: counted as one, on the safe side). The
     first layers trained (freeze_trainable_layers < 0): every layer above them records."""
     if (
         s.finetuning_type == "freeze" and not s.gradient_checkpointing and s.freeze_trainable_layers > 0
@@ -478,7 +478,7 @@ def outside_layers_bytes(spec: ModelSpec, s: Setup) -> float:
     layers' inputs) and, for packed rows under SDPA, the block-diagonal bool mask of every row (rows x seq^2
     bytes). The same [rows, 1, seq, seq] mask for a padded batch (unpacked rows, more than one: the largest
     batch pads to its longest row) under SDPA and for every batch under eager attention, which builds it in the
-    embeddings' dtype (tests/unit/plan/test_review8.py); flash/flex build none. Without full checkpointing the
+    embeddings' dtype (tests/unit/plan/test_reference_copy_and_recorded_layers.py); flash/flex build none. Without full checkpointing the
     activation calibration was fitted with them in."""
     rows = s.micro_batch * s.rows_per_example
     mask_bytes = 0

@@ -1,8 +1,8 @@
 """Per-GPU training memory: pure formula functions (bytes unless a name says GiB).
 
-Sources (see ``shared/REFERENCE.md``): model states 7.1 (ZeRO paper, DeepSpeed's
-estimators), activations 7.2 (Korthikanti et al. 2022, re-derived for Llama/Qwen blocks),
-logits 7.3, overheads 7.4. Every tunable factor is a named constant below.
+Sources: model states from the ZeRO paper (Rajbhandari et al. 2020) and DeepSpeed's memory
+estimators; activations from Korthikanti et al. 2022, re-derived for Llama/Qwen blocks; logits and
+overheads measured (bench/results/). Every tunable factor is a named constant below.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ FUSED_CE_CHUNK_TOKENS = 1024  # Liger FLCE materialises one chunk of logits (its
 # 0.5B LoRA/full without Liger, bench/results/plan_runs_ce_h200.json) measured ~9 B x chunk x V. When the
 # head trains: the fp32 head-gradient accumulator plus each chunk's bf16 [V, h] product and its fp32 copy
 # (4 + 2 + 4 B x V x h). The earlier implementation (4096-token chunks, two alive; 6 B and 4 B fitted)
-# is what bench/plan_check.py models for runs made before commit db98c1b.
+# is what bench/plan_check.py models for runs recorded with that implementation.
 LMSTACK_CE_CHUNK_TOKENS = 2048
 LMSTACK_CE_BYTES = 9
 # With every layer checkpointed the head meets only the layers' inputs, and there the H200 trace shows the code's

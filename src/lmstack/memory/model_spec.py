@@ -53,7 +53,7 @@ class ModelSpec:
 
     @property
     def kv_dim(self) -> int:
-        """h_kv = KV heads x head_dim (REFERENCE 7.2)."""
+        """h_kv = KV heads x head_dim (the K and V width of grouped-query attention)."""
         return self.num_kv_heads * self.head_dim
 
     @property

@@ -1,13 +1,13 @@
 """Megatron-LM 3D layouts (TP x PP x DP): validity rules, bubble, per-GPU memory, arguments.
 
-Rules (seed 000 §3.1-§3.5, Megatron-core):
+Rules (Megatron-core's):
 * TP x PP x DP = total GPUs.
-* TP divides num_attention_heads (seed §3.5 pit 1).
+* TP divides num_attention_heads (each rank holds whole heads).
 * TP divides num_key_value_heads: Megatron-core splits query groups with ``divide(num_query_groups,
   tp)``, which asserts exact divisibility -- unlike vLLM it does not replicate KV heads when
   TP > KV heads, so TP=16 on a model with 8 KV heads is rejected.
 * PP divides num_layers (uneven first/last stages need extra flags we do not emit).
-* TP <= GPUs per node (TP traffic needs NVLink; seed §3.2 B).
+* TP <= GPUs per node (TP all-reduces every layer: it needs NVLink, not the network).
 Memory follows Megatron's bytes/param table and Korthikanti et al. 2022 (REFERENCE 7.2).
 """
 
@@ -30,7 +30,7 @@ KORTHIKANTI_TP_SPLIT = 24
 KORTHIKANTI_SCORES = 5  # x a*s/h: scores, softmax, dropout mask
 FULL_RECOMPUTE_BYTES = 2  # x s*b*h: only the layer input is kept
 OUTPUT_LAYER_BYTES = 4  # x s*b*V/t: fp32 logits on the last stage (Korthikanti §4.2)
-BUBBLE_WARN_FACTOR = 4  # seed §3.2 C: micro batches > 4 x PP keeps the bubble acceptable
+BUBBLE_WARN_FACTOR = 4  # micro batches > 4 x PP keep the 1F1B bubble under ~20%
 RECOMPUTE_CHOICES = (None, "selective", "full")
 
 
@@ -89,7 +89,7 @@ def layout_errors(spec: ModelSpec, gpus: int, tp: int, pp: int, gpus_per_node: i
 
 
 def bubble_ratio(pp: int, micro_batches: int) -> float:
-    """Pipeline bubble (seed 000 §3.2 C): (PP - 1) / micro_batches."""
+    """Pipeline bubble of the 1F1B schedule: (PP - 1) / micro_batches."""
     return (pp - 1) / max(micro_batches, 1)
 
 

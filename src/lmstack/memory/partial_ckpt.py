@@ -1,11 +1,11 @@
-"""Partial gradient checkpointing (issue 19, "memory-bounded speed"): only the first k of the N decoder
+"""Partial gradient checkpointing (speed under a memory bound): only the first k of the N decoder
 layers recompute in the backward; the last N - k keep their activations.
 
 Why the first k and not the last: the backward runs from the last layer down, so the kept layers'
 activations are used and freed first, and by the time the first recomputed layer runs its forward
 again none of them is live -- the one-layer recompute never adds to them (memory.partial_checkpoint_bytes).
 The peak is the start of the backward instead: every kept activation plus what the first backward kernels
-allocate (without Liger: the final RMSNorm's fp32 backward or the top SwiGLU's, issue 20).
+allocate (without Liger: the final RMSNorm's fp32 backward or the top SwiGLU's).
 Checkpointing the last layers instead would hold every kept layer's activations during that recompute.
 
 Memory falls and the recompute cost rises with k, so the best partial setup of one (strategy, micro-batch,

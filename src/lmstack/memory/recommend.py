@@ -1,6 +1,6 @@
 """Pick the fastest training setup that fits: candidates, a rough cost model, the OOM ladder.
 
-The ladder is seed 003 §10.8 (flash + checkpointing -> ZeRO-2 -> ZeRO-3 -> offload -> QLoRA). The
+The ladder is the usual OOM ladder (flash + checkpointing -> ZeRO-2 -> ZeRO-3 -> offload -> QLoRA). The
 recommendation searches checkpointing, the micro-batch (keeping micro_batch x gradient_accumulation_steps,
 the batch the optimizer sees), ZeRO/FSDP stage and offload, Liger's kernels, FP8 (`fp8: true`, a setting,
 on GPUs with FP8 tensor cores: plan/fp8_estimate.py) and the method changes (full -> LoRA, -> QLoRA),
@@ -228,7 +228,7 @@ def candidate_strategies(req: PlanRequest, allow_method_change: bool = True) -> 
     out = [Strategy("ddp" if multi else "single")]
     if multi:
         # zero2 before zero1: equal memory under DeepSpeed's estimator and equal cost, so ties go
-        # to the stage LF ships a template for (seed 003 §10.2).
+        # to the stage LF ships a template for (examples/deepspeed/ds_z2_config.json).
         out += [Strategy("zero2", 2), Strategy("zero1", 1), Strategy("zero3", 3)]
         out += [
             Strategy("fsdp_shard_grad_op", fsdp="SHARD_GRAD_OP"),

@@ -59,7 +59,7 @@ def reference_copy_bytes_per_param(s: Setup) -> int:
     bf16 under every scheme. Before, it loaded like the policy (RunPlan.model_spec's load dtype): fp32 under
     classic AMP (Setup.classic_amp), traced on the H200 (plan_accuracy.json `snap_r8_dpo_1.5b_full_mb2_ckpt`: 11.50 GiB of weights
     for the 1.5B policy and its reference, two fp32 copies), and fp32 under FSDP for full/freeze, which shards
-    a module as loaded (MixedPrecision casts only the gathered copies; tests/unit/plan/test_review8.py);
+    a module as loaded (MixedPrecision casts only the gathered copies; tests/unit/plan/test_reference_copy_and_recorded_layers.py);
     REFERENCE_COPY_LIKE_THE_POLICY models those runs."""
     if not REFERENCE_COPY_LIKE_THE_POLICY:
         return mem.BF16_BYTES

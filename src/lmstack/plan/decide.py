@@ -381,22 +381,3 @@ def allocator_blocker(cfg: Config, ctx: LaunchContext) -> str | None:
             "fails on expandable (cuMem-mapped) segments (NVIDIA/nccl#2332)"
         )
     return None
-
-
-# the kernel decisions live in plan/decide_kernels.py (module size); `decide.<name>` reaches them too
-from lmstack.plan.decide_kernels import (  # noqa: E402, F401 (re-exported: decide.<name>)
-    FP8_KEPT_BF16,
-    LOGIT_LOSSES,
-    UNSLOTH_METHODS,
-    UNSLOTH_STAGES,
-    CompilePlan,
-    Fp8Plan,
-    compile_plan,
-    fp8,
-    fp8_small_layers,
-    fp8_speed_note,
-    lora_kernel,
-    lora_kernel_blockers,
-    loss_kernel,
-    unsloth,
-)

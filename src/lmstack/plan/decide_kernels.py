@@ -27,7 +27,7 @@ UNSLOTH_METHODS = ("lora", "full")  # LoRA / QLoRA and Unsloth's full_finetuning
 def unsloth(cfg: Config, ctx: LaunchContext, dev: str, distributed: str | None) -> Reasoned:
     """Whether the model loads through Unsloth's FastLanguageModel (use_unsloth). `distributed` names
     the multi-process / sharded setup if any: Unsloth OSS is single-GPU, so there the run continues
-    without it (seed 003 10.4 / 10.7: the documented fallback, said once). What it cannot do at all
+    without it (the documented fallback, said once). What it cannot do at all
     (no CUDA, the package missing, a stage or method it has no path for) plan/rules.py refuses."""
     if not cfg.model.use_unsloth:
         return False, "use_unsloth: false"

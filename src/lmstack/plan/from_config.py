@@ -46,7 +46,7 @@ def _adapter_setup(cfg: Config) -> tuple[str, int, str]:
 
 def _logit_loss(cfg: Config) -> bool:
     """A custom token loss (DFT/EAFT/ASFT) is on: the logits are materialised whatever ZeRO stage."""
-    from lmstack.plan.decide import LOGIT_LOSSES
+    from lmstack.plan.decide_kernels import LOGIT_LOSSES
 
     return any(getattr(cfg.finetuning, name) for name in LOGIT_LOSSES)
 
@@ -127,19 +127,19 @@ def _unmodelled(cfg: Config) -> tuple[str, ...]:
 
 
 def fp8_fields(plan: RunPlan) -> dict:
-    """The request's FP8 facts, from the plan's own decision (decide.fp8) and rules (plan/rules.py): the
+    """The request's FP8 facts, from the plan's own decision (decide_kernels.fp8) and rules (plan/rules.py): the
     configured scope; the scope `fp8: true` gives this config and, where the rules refuse it for this method
     or this GPU (DeepSpeed and FSDP are the search's to change), why."""
     from dataclasses import replace
 
     from lmstack.config.errors import ConfigError
-    from lmstack.plan import decide, rules
+    from lmstack.plan import decide_kernels, rules
 
     cfg, ctx = plan.cfg, plan.ctx
     on = plan
     if not plan.fp8.enabled:
         fp8_cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"fp8": True})})
-        on = replace(plan, cfg=fp8_cfg, fp8=decide.fp8(fp8_cfg))
+        on = replace(plan, cfg=fp8_cfg, fp8=decide_kernels.fp8(fp8_cfg))
     refused = ""
     try:
         rules.fp8_combinations(replace(on, deepspeed=None, fsdp=None))

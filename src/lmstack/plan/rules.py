@@ -1,6 +1,6 @@
-"""What happens when several accelerations are switched on at once (seed 003 §10.7), as rules over
+"""What happens when several accelerations are switched on at once (the conflict rules of the acceleration plug-ins), as rules over
 the run plan. Each rule returns nothing (fine) or a note (a documented fallback, said once), or raises
-ConfigError (unsupported). RULES is the one registry (DESIGN rule 8); `check_rules(plan)` runs them
+ConfigError (unsupported). RULES is the one registry; `check_rules(plan)` runs them
 all and reports every problem at once."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import ADAMW_OPTIMS
-from lmstack.plan.decide import UNSLOTH_METHODS, UNSLOTH_STAGES
+from lmstack.plan.decide_kernels import UNSLOTH_METHODS, UNSLOTH_STAGES
 
 if TYPE_CHECKING:  # annotations only: the planner's request (plan/from_config.py) asks these rules too
     from lmstack.plan.runplan import RunPlan
@@ -370,7 +370,7 @@ RULES: list[Rule] = [
     single_process_stage,
     own_loop_optimizer,
     accuracy_stage,
-    # GaLore / APOLLO / BAdam combinations (REFERENCE §2.3) are checked by train/method_rules.py
+    # GaLore / APOLLO / BAdam combinations are checked by train/method_rules.py
 ]
 # rules about this machine and this launch: `lmstack train` applies them, `lmstack check` (which may
 # run on another machine than the job) does not

@@ -17,7 +17,7 @@ from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
 from lmstack.config.stages import STAGE_SPECS, StageSpec, stage_spec
 from lmstack.launch.context import LaunchContext
-from lmstack.plan import decide
+from lmstack.plan import decide, decide_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ class RunPlan:
     unsloth: bool  # the model loads through Unsloth's FastLanguageModel (use_unsloth)
     loss_kernel: str  # liger | chunked | none
     lora_kernel: str  # fused | peft: how LoRA Linear layers compute
-    fp8: decide.Fp8Plan  # which GEMMs run in FP8 (models/fp8.py)
-    compile: decide.CompilePlan  # regional torch.compile of the decoder layers (models/compile.py)
+    fp8: decide_kernels.Fp8Plan  # which GEMMs run in FP8 (models/fp8.py)
+    compile: decide_kernels.CompilePlan  # regional torch.compile of the decoder layers (models/compile.py)
     deepspeed: DeepSpeedPlan | None
     fsdp: FsdpPlan | None
     checkpointing: bool
@@ -229,7 +229,7 @@ def fsdp_plan(cfg: Config, ctx: LaunchContext) -> FsdpPlan | None:
 def _resolve(cfg: Config, ctx: LaunchContext, resolve_auto: bool) -> RunPlan:
     """Without `auto` fields (or with resolve_auto=False) one pass; otherwise a draft plan sizes the
     auto fields with the planner and the final plan is resolved on the config holding their values."""
-    if cfg.training.optim == "muon":  # seed 003's `optim: muon` and LF's `use_muon: true` are one thing
+    if cfg.training.optim == "muon":  # `optim: muon` and LF's `use_muon: true` are one thing
         cfg = cfg.model_copy(
             update={
                 "training": cfg.training.model_copy(update={"optim": "adamw_torch"}),
@@ -286,10 +286,10 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         if world > 1
         else None
     )
-    use_unsloth, reasons["unsloth"] = decide.unsloth(cfg, ctx, dev, distributed)
+    use_unsloth, reasons["unsloth"] = decide_kernels.unsloth(cfg, ctx, dev, distributed)
     if cfg.model.use_unsloth and not use_unsloth and distributed:
         notes.append(reasons["unsloth"])
-    if use_unsloth and use_liger:  # seed 003 10.7: both patch the same modules; Unsloth's kernels win
+    if use_unsloth and use_liger:  # both patch the same modules; Unsloth's kernels win
         use_liger = False
         reasons["liger"] = (
             "enable_liger_kernel: off, use_unsloth patches the same modules with its own kernels"
@@ -301,15 +301,15 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         notes.append(reasons["liger"])
     prec = decide.precision(cfg, ctx, dev, spec, zero, fsdp is not None)
     reasons["precision"] = prec.reason
-    kernel, reasons["loss_kernel"] = decide.loss_kernel(spec, use_liger, zero, cfg, use_unsloth)
-    lora, reasons["lora_kernel"] = decide.lora_kernel(cfg, zero, fsdp is not None)
+    kernel, reasons["loss_kernel"] = decide_kernels.loss_kernel(spec, use_liger, zero, cfg, use_unsloth)
+    lora, reasons["lora_kernel"] = decide_kernels.lora_kernel(cfg, zero, fsdp is not None)
     ckpt, reasons["checkpointing"] = decide.checkpointing(cfg, user.training.gradient_checkpointing)
     offload, reasons["checkpoint_offload"] = decide.checkpoint_offload(cfg, zero, fsdp is not None)
-    fp8 = decide.fp8(cfg)
-    if fp8.enabled and (small := decide.fp8_small_layers(cfg)):
+    fp8 = decide_kernels.fp8(cfg)
+    if fp8.enabled and (small := decide_kernels.fp8_small_layers(cfg)):
         notes.append(small)
-    compiled = decide.compile_plan(cfg, packed, use_liger, attn)
-    if speed := decide.fp8_speed_note(cfg, fp8, compiled):
+    compiled = decide_kernels.compile_plan(cfg, packed, use_liger, attn)
+    if speed := decide_kernels.fp8_speed_note(cfg, fp8, compiled):
         notes.append(speed)
     reasons["fp8"], reasons["compile"] = fp8.reason, compiled.reason
     micro = t.per_device_train_batch_size

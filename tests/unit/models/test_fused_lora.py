@@ -15,7 +15,7 @@ from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
 from lmstack.models.fused_lora import apply_fused_lora, fused_lora_linear
 from lmstack.models.kernels import cast_adapters_to_base_dtype
-from lmstack.plan import decide
+from lmstack.plan import decide_kernels
 
 IN, OUT = 48, 40
 
@@ -176,15 +176,15 @@ def cfg(**fields):
 
 
 def test_plan_decision_auto_peft_and_refusals():
-    assert decide.lora_kernel(cfg(), None)[0] == "fused"
-    assert decide.lora_kernel(cfg(lora_kernel="peft"), None)[0] == "peft"
-    value, why = decide.lora_kernel(cfg(use_dora=True), None)
+    assert decide_kernels.lora_kernel(cfg(), None)[0] == "fused"
+    assert decide_kernels.lora_kernel(cfg(lora_kernel="peft"), None)[0] == "peft"
+    value, why = decide_kernels.lora_kernel(cfg(use_dora=True), None)
     assert value == "peft" and "use_dora" in why
-    assert decide.lora_kernel(cfg(quantization_bit=4), None)[0] == "peft"
-    assert decide.lora_kernel(cfg(lora_kernel="auto"), 3)[0] == "peft"
+    assert decide_kernels.lora_kernel(cfg(quantization_bit=4), None)[0] == "peft"
+    assert decide_kernels.lora_kernel(cfg(lora_kernel="auto"), 3)[0] == "peft"
     with pytest.raises(ConfigError, match="lora_kernel: fused needs use_dora: false"):
-        decide.lora_kernel(cfg(lora_kernel="fused", use_dora=True), None)
+        decide_kernels.lora_kernel(cfg(lora_kernel="fused", use_dora=True), None)
     with pytest.raises(ConfigError, match="finetuning_type: lora \\(got full\\)"):
-        decide.lora_kernel(cfg(lora_kernel="fused", finetuning_type="full"), None)
+        decide_kernels.lora_kernel(cfg(lora_kernel="fused", finetuning_type="full"), None)
     with pytest.raises(ConfigError, match="ZeRO-3"):
-        decide.lora_kernel(cfg(lora_kernel="fused"), 3)
+        decide_kernels.lora_kernel(cfg(lora_kernel="fused"), 3)
