@@ -47,7 +47,7 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def _data_digest(attr: DatasetAttr) -> dict:
+def data_digest(attr: DatasetAttr) -> dict:
     if attr.load_from != "file":
         return {"hub": attr.source, "subset": attr.subset, "split": attr.split}
     src = Path(attr.source)
@@ -84,7 +84,7 @@ def key_parts(attr: DatasetAttr, tokenizer: Any, template: Any, opts: Any, max_s
     # num_samples is applied after the cache (a seeded draw from the cached records)
     entry = {k: v for k, v in asdict(attr).items() if k not in ("source", "num_samples")}
     return {
-        "data": _data_digest(attr),
+        "data": data_digest(attr),
         "entry": entry,
         "tokenizer": _tokenizer_digest(tokenizer),
         "template": repr(template),

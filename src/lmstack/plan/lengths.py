@@ -76,7 +76,7 @@ def cached_lengths(cfg, attr) -> tuple[np.ndarray, str] | None:
         return None
     want = _normalised(
         {
-            "data": cache._data_digest(attr),
+            "data": cache.data_digest(attr),
             "entry": {k: v for k, v in asdict(attr).items() if k not in ("source", "num_samples")},
             "options": asdict(encode_options(cfg)),
             "max_samples": cfg.data.max_samples,
