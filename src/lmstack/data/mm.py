@@ -31,6 +31,7 @@ from typing import Any
 from lmstack.config.errors import ConfigError, DataError
 from lmstack.data.encode_common import DropExample
 from lmstack.data.formats import RecordError
+from lmstack.memory import model_facts
 
 logger = logging.getLogger(__name__)
 IMAGE_PLACEHOLDER = "<image>"
@@ -69,10 +70,7 @@ class MediaSpec:
 
 def model_type(cfg: Any) -> str | None:
     """config.json's model_type of a local model folder (None when there is none to read)."""
-    try:
-        return json.loads((Path(cfg.model.model_name_or_path) / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return None
+    return model_facts.model_type(cfg.model.model_name_or_path)
 
 
 def media_spec(cfg: Any) -> MediaSpec | None:
@@ -93,7 +91,7 @@ def media_spec(cfg: Any) -> MediaSpec | None:
         image_max_pixels=d.image_max_pixels,
         image_min_pixels=d.image_min_pixels,
     )
-    config = json.loads((path / "config.json").read_text())
+    config = model_facts.config_json(path) or {}
     if MODEL_PLUGINS[kind] == "llava":
         vision = config.get("vision_config") or {}
         size, patch = vision.get("image_size", 336), vision.get("patch_size", 14)

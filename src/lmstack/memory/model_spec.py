@@ -207,11 +207,10 @@ REQUIRED_FIELDS = (
 def from_config_json(path: Path) -> ModelSpec | None:
     """The exact ModelSpec of a Llama-family decoder from its config.json, counted the way the meta model
     counts it (tests/unit/plan/test_model_spec.py holds them equal); None for any other model or field set."""
-    import json
+    from lmstack.memory.model_facts import config_json
 
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError):
+    d = config_json(path.parent) if path.name == "config.json" else None
+    if d is None:
         return None
     family = LLAMA_FAMILY.get(d.get("model_type"))
     if family is None or any(not isinstance(d.get(k), int) for k in REQUIRED_FIELDS):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, replace
@@ -11,6 +10,7 @@ from typing import Any
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
+from lmstack.memory import model_facts
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,11 @@ def check_tokenizer_files(path: Path) -> None:
 
 
 def check_remote_code(path: Path, trust_remote_code: bool) -> None:
-    config = json.loads((path / "config.json").read_text())
+    config = model_facts.config_json(path)
+    if config is None:
+        raise ConfigError(
+            f"model_name_or_path: {path / 'config.json'} is not a JSON object; re-download or fix it"
+        )
     if config.get("auto_map") and not trust_remote_code:
         raise ConfigError(
             f"model_name_or_path: {path} ships its own modelling code (auto_map in config.json); "

@@ -6,7 +6,6 @@ targets (LF's defaults: vision tower and projector frozen, LoRA on the language 
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Any
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
+from lmstack.memory import model_facts
 
 logger = logging.getLogger(__name__)
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # as models/load.py (which imports this)
@@ -44,10 +44,7 @@ COMPOSITE = {
 
 def vision_model_type(path: str) -> str | None:
     """The model_type of a supported vision-language model folder, else None."""
-    try:
-        kind = json.loads((Path(path) / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError):
-        return None
+    kind = model_facts.model_type(path)
     return kind if kind in COMPOSITE else None
 
 

@@ -201,13 +201,9 @@ def _check_freeze_layers(cfg: Config) -> None:
 
 def _model_config(cfg: Config) -> dict:
     """The model's config.json ({} when it cannot be read here)."""
-    import json
-    from pathlib import Path
+    from lmstack.memory.model_facts import config_json
 
-    try:
-        return json.loads((Path(cfg.model.model_name_or_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    return config_json(cfg.model.model_name_or_path) or {}
 
 
 def _ties_embeddings(cfg: Config) -> bool:
