@@ -12,6 +12,7 @@
 #   gputests  every GPU-marked test (names, outcomes, times in gpu_tests.xml)  [GPU_TESTS]
 #   unsloth   the Unsloth GPU tests, in Unsloth's own env
 #   fsdp1     FSDP1 + LoRA through accelerate, fused vs PEFT LoRA kernel
+#   fsdpresume  FSDP1 + LoRA checkpoint then resume; a hung run's Python stacks in its log
 #   parity    FP8 vs bf16 loss parity, 200 steps (bench/fp8_parity.py)       [PARITY_SET=small, PARITY_ONLY=1.5b_lora]
 #   plan      planner accuracy: each run predicted, then measured            [PLAN_SET=r4]
 #   serve     32 concurrent chats against `lmstack api`, batch 32 vs 1 (+vllm) [SERVE_ARCHS=qwen2.5-0.5b]
@@ -26,7 +27,7 @@
 set -u
 cd "$(dirname "$0")/.."
 TOTAL=${1:-570}
-PHASES=${PHASES:?PHASES: one or more of speed peers fused probe gputests unsloth fsdp1 parity plan serve batcher vlm qlora stages env dist}
+PHASES=${PHASES:?PHASES: one or more of speed peers fused probe gputests unsloth fsdp1 fsdpresume parity plan serve batcher vlm qlora stages env dist}
 T0=$(date +%s)
 left() { echo $((TOTAL - ($(date +%s) - T0))); }
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -85,6 +86,24 @@ for ph in $PHASES; do
       PYTHONPATH=$LM timeout 90 python3 -m accelerate.commands.launch --config_file examples/accelerate/fsdp_config.yaml \
         --num_processes 1 -m lmstack.cli train /tmp/fsdp_$k.yaml >"$O/fsdp_$k.log" 2>&1
       echo "fsdp1 lora_kernel=$k rc=$?"
+    done ;;
+  fsdpresume)  # FSDP1 + LoRA: 20 steps saving checkpoint-10, then a resume from it; a run alive after 150 s
+    # gets SIGABRT, and faulthandler writes every thread's Python stack into its log
+    PYTHONPATH=$LM python3 -m lmstack.cli tiny-model /tmp/tiny >/dev/null 2>&1
+    base='model_name_or_path: /tmp/tiny\ntemplate: qwen\nstage: sft\ndo_train: true\nfinetuning_type: lora\nlora_target: all\ndataset: alpaca_en_demo\ndataset_dir: %s/data\ncutoff_len: 128\nper_device_train_batch_size: 4\nlearning_rate: 0.005\nmax_steps: 20\nlogging_steps: 1\nreport_to: none\nbf16: true\n'
+    printf "${base}output_dir: /tmp/fr_whole\nsave_strategy: steps\nsave_steps: 10\n" "$PWD" >/tmp/fr_whole.yaml
+    printf "${base}output_dir: /tmp/fr_resumed\nsave_strategy: \"no\"\nresume_from_checkpoint: /tmp/fr_whole/checkpoint-10\n" "$PWD" >/tmp/fr_resumed.yaml
+    for run in whole resumed; do
+      PYTHONFAULTHANDLER=1 PYTHONPATH=$LM python3 -m accelerate.commands.launch --config_file examples/accelerate/fsdp_config.yaml \
+        --num_processes 1 -m lmstack.cli train /tmp/fr_$run.yaml >"$O/fsdp_resume_$run.log" 2>&1 &
+      pid=$!; waited=0
+      while kill -0 $pid 2>/dev/null && [ $waited -lt 150 ]; do sleep 1; waited=$((waited + 1)); done
+      if kill -0 $pid 2>/dev/null; then
+        echo "fsdp $run still running after ${waited}s: stacks in fsdp_resume_$run.log"
+        pkill -ABRT -f "[l]mstack.cli train /tmp/fr_$run.yaml"; sleep 5; pkill -9 -f "[l]mstack.cli train /tmp/fr_$run.yaml"
+      else
+        wait $pid; echo "fsdp $run rc=$? in ${waited}s"
+      fi
     done ;;
   parity)
     for w in ${PARITY_ONLY:-1.5b_lora}; do
