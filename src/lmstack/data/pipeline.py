@@ -179,10 +179,7 @@ def apply_num_samples(data: TokenizedDataset, attr: DatasetAttr, seed: int) -> T
     n = attr.num_samples
     if n is None or len(data) == 0:
         return data
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(data))[:n]
-    if n > len(data):
-        order = np.concatenate([order, rng.choice(len(data), n - len(data), replace=True)])
+    order = num_samples_order(len(data), n, seed)
     logger.info(
         "dataset %s: num_samples=%d drawn from %d records%s",
         attr.name,
@@ -191,6 +188,15 @@ def apply_num_samples(data: TokenizedDataset, attr: DatasetAttr, seed: int) -> T
         " (oversampled with replacement)" if n > len(data) else "",
     )
     return data.select(order)
+
+
+def num_samples_order(size: int, n: int, seed: int) -> np.ndarray:
+    """The record indices `num_samples: n` draws from `size` records (the planner replays it)."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(size)[:n]
+    if n > size:
+        order = np.concatenate([order, rng.choice(size, n - size, replace=True)])
+    return order
 
 
 def load_split(
@@ -223,11 +229,17 @@ def split_validation(
 ) -> tuple[TokenizedDataset, TokenizedDataset | None]:
     if val_size <= 0:
         return data, None
-    count = int(val_size) if val_size >= 1 else max(1, round(len(data) * val_size))
-    if count >= len(data):
-        raise DataError(f"val_size: {val_size} leaves no training record (only {len(data)} records)")
-    order = np.random.default_rng(seed).permutation(len(data))
-    return data.select(np.sort(order[count:])), data.select(np.sort(order[:count]))
+    train, evals = validation_order(len(data), val_size, seed)
+    return data.select(train), data.select(evals)
+
+
+def validation_order(size: int, val_size: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, eval) record indices of the `val_size` split, each in record order (the planner replays it)."""
+    count = int(val_size) if val_size >= 1 else max(1, round(size * val_size))
+    if count >= size:
+        raise DataError(f"val_size: {val_size} leaves no training record (only {size} records)")
+    order = np.random.default_rng(seed).permutation(size)
+    return np.sort(order[count:]), np.sort(order[:count])
 
 
 def check_data_args(cfg: Config) -> None:

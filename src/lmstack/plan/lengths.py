@@ -7,6 +7,14 @@ length. A run shorter than an epoch (max_steps) draws `seen` rows; the planner t
 the longest of `seen` random rows stays below with probability SAFE_LEVEL (the quantile
 SAFE_LEVEL ** (1 / seen) of the rows' lengths), never more than the longest row.
 
+Where the order the Trainer draws rows in can be replayed, it is, and the bound is exact: the Trainer's
+sampler is accelerate's SeedableRandomSampler seeded with `data_seed` (train/common passes the run's
+seed), whose first epoch is torch.randperm(rows) (`torch_randperm` reproduces it without torch), or the
+rows in order under `disable_shuffling`; num_samples and the val_size split are replayed with the data
+layer's own index functions. A run of steps x batch rows (sft, pt unpacked) then pads to the
+longest of exactly those rows. Other mixes and stages (interleaving; the pairwise stages, whose TRL
+collation is not yet held to a real run; the RL stages' repeat sampler) keep the SAFE_LEVEL bound.
+
 The lengths come from the tokenized cache (data/cache.py) when an entry for this data and these encode
 options exists (found without loading the tokenizer; entries that differ only in tokenizer or template
 count with the longest of them), else from one pass of the real data pipeline, which stores the cache
@@ -39,9 +47,12 @@ class DataLengths:
     rows: int  # rows in the training data
     seen: int  # rows the run draws (max_steps), capped at `rows`
     source: str  # where the lengths were read
+    exact: bool = False  # bound is the longest of the very rows the sampler draws (its order replayed)
 
     def describe(self) -> str:
-        if self.bound == self.longest:
+        if self.exact and self.seen < self.rows:
+            how = f"the longest of the {self.seen} rows the sampler draws in max_steps (of {self.rows})"
+        elif self.bound == self.longest:
             how = f"the longest of {self.rows} rows"
         else:
             how = f"{SAFE_LEVEL:.0%} bound on the longest of the {self.seen} rows max_steps draws (of {self.rows})"
@@ -135,6 +146,62 @@ def seen_rows(plan: RunPlan, rows: int) -> int:
     return rows
 
 
+# torch's CPU randperm draws 64-bit numbers from this size on (aten/src/ATen/native/TensorFactories.cpp)
+RANDPERM_32BIT_BELOW = (1 << 32) // 20
+REPLAYED_STAGES = ("sft", "pt")  # the Trainer's own sampler and collation, held equal to a real run by a test
+
+
+def torch_randperm_head(n: int, seed: int, head: int) -> np.ndarray | None:
+    """The first `head` entries of torch.randperm(n) from a CPU generator seeded with `seed`, without
+    torch: a forward Fisher-Yates shuffle whose i-th swap partner is i + (mt19937 draw i) % (n - i),
+    the draws a 32-bit MT19937 seeded like torch's (the low 32 bits of the seed) gives; position i is
+    final after swap i, so only `head` swaps run. None where torch draws 64-bit numbers instead."""
+    if n >= RANDPERM_32BIT_BELOW or n <= 0:
+        return None
+    head = min(head, n)
+    draws = np.random.RandomState(seed & 0xFFFFFFFF).randint(
+        0, 1 << 32, size=min(head, n - 1), dtype=np.uint32
+    )
+    moved: dict[int, int] = {}
+    out = np.empty(head, dtype=np.int64)
+    for i in range(head):
+        if i < n - 1:
+            j = i + int(draws[i]) % (n - i)
+            out[i] = moved.get(j, j)
+            moved[j] = moved.get(i, i)
+        else:
+            out[i] = moved.get(i, i)
+    return out
+
+
+def replayed_train_lengths(plan: RunPlan, attrs: list, arrays: list[np.ndarray]) -> np.ndarray | None:
+    """The training rows' lengths in the order the data layer leaves them (num_samples, concat, the
+    val_size split replayed), or None where that order is not replayed here."""
+    from lmstack.data.pipeline import num_samples_order, validation_order
+
+    d, seed = plan.cfg.data, plan.cfg.training.seed
+    if len(arrays) > 1 and d.mix_strategy != "concat":
+        return None
+    parts = [a if attr.num_samples is None or not len(a) else a[num_samples_order(len(a), attr.num_samples, seed)]
+             for attr, a in zip(attrs, arrays)]  # fmt: skip
+    whole = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if d.val_size > 0 and len(whole):
+        whole = whole[validation_order(len(whole), d.val_size, seed)[0]]
+    return whole
+
+
+def drawn_bound(plan: RunPlan, lengths: np.ndarray, seen: int) -> int | None:
+    """The longest of the `seen` rows the run's sampler draws first (its first epoch), or None where the
+    sampler's order is not replayed."""
+    cfg = plan.cfg
+    if cfg.finetuning.stage not in REPLAYED_STAGES or seen >= len(lengths):
+        return None
+    if cfg.finetuning.disable_shuffling:
+        return int(lengths[:seen].max())
+    order = torch_randperm_head(len(lengths), cfg.training.seed, seen)
+    return None if order is None else int(lengths[order].max())
+
+
 def bound(lengths: np.ndarray, seen: int) -> int:
     if seen >= len(lengths):
         return int(lengths.max())
@@ -170,11 +237,16 @@ def data_lengths(plan: RunPlan, tokenize: bool = True) -> DataLengths | None:
     except (LmstackError, OSError, ValueError) as err:
         logger.info("plan: row lengths not read from the data (%s); using cutoff_len", err)
         return None
+    source = ", ".join(dict.fromkeys(sources))
+    train = replayed_train_lengths(plan, attrs, arrays)
+    if train is not None and len(train):
+        seen = seen_rows(plan, len(train))
+        exact = drawn_bound(plan, train, seen)
+        if exact is not None:
+            return DataLengths(int(train.max()), exact, len(train), seen, source, exact=True)
     lengths = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
     if not len(lengths):
         return None
     seen = seen_rows(plan, len(lengths))
     longest = int(lengths.max())
-    return DataLengths(
-        longest, min(bound(lengths, seen), longest), len(lengths), seen, ", ".join(dict.fromkeys(sources))
-    )
+    return DataLengths(longest, min(bound(lengths, seen), longest), len(lengths), seen, source)

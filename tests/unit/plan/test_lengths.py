@@ -87,3 +87,48 @@ def test_grpo_draws_one_prompt_per_num_generations_answers(base_cfg):
     assert seen_rows(plan_for(build_config(flat), 1, 24), 2000) == 12
     sft = {**base_cfg, "max_steps": 6, "per_device_train_batch_size": 8, "packing": False}
     assert seen_rows(plan_for(build_config(sft), 1, 24), 2000) == 48
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 1000, 4097])
+@pytest.mark.parametrize("seed", [0, 42, 2**33 + 5])
+def test_the_replayed_randperm_equals_torchs(n, seed):
+    import torch
+
+    from lmstack.plan.lengths import torch_randperm_head
+
+    g = torch.Generator().manual_seed(seed)
+    want = torch.randperm(n, generator=g).numpy()
+    for head in (1, n // 2 or 1, n):
+        assert torch_randperm_head(n, seed, head).tolist() == want[:head].tolist()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"val_size": 0.2}, {"disable_shuffling": True}, {"seed": 7, "gradient_accumulation_steps": 2}],
+    ids=["shuffled", "val_size", "in_order", "seed_and_accumulation"],
+)
+def test_a_short_run_is_planned_for_the_rows_the_trainer_really_draws(base_cfg, tmp_path, monkeypatch, extra):
+    """A real Trainer run of 3 steps records the padded length of every batch it collates; the planner's
+    bound, replayed from the sampler's seed without running anything, equals the longest of them."""
+    from lmstack.train import common
+    from lmstack.train.run import train
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    flat = {**base_cfg, "cutoff_len": 1024, "max_steps": 3, "per_device_train_batch_size": 2, "packing": False,
+            "output_dir": str(tmp_path / "run"), **extra}  # fmt: skip
+    drawn: list[int] = []
+    collate = common.PadCollator.__call__
+
+    def recording(self, features):
+        drawn.extend(len(f["input_ids"]) for f in features)
+        return collate(self, features)
+
+    monkeypatch.setattr(common.PadCollator, "__call__", recording)
+    train(None, flat)
+    steps_rows = 3 * 2 * flat.get("gradient_accumulation_steps", 1)
+    assert len(drawn) >= steps_rows  # accelerate's loader collates one batch ahead of the loop
+    drawn = drawn[:steps_rows]
+    got = data_lengths(plan_for(build_config(flat), 1, 24), tokenize=False)  # the run filled the cache
+    assert got is not None and got.exact and got.seen == steps_rows
+    assert got.bound == max(drawn), (got, drawn)
+    assert "rows the sampler draws" in got.describe()
