@@ -184,17 +184,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from lmstack.plan.lengths import data_lengths
     from lmstack.plan.whatif import disk_free_gib, machine_memory_gib, plan_for
 
-    cfg = load_config(args.config, args.overrides)
-    # a hub id that is not cached while offline: one line, as `train` says it; the tokenizer is needed
-    # only when the data's own lengths are read
-    check_model_path(cfg, tokenizer=not args.no_data)
     if args.emit and (args.megatron or args.tp or args.pp):
         raise ConfigError(
             "--emit: lmstack train does not run Megatron TP x PP layouts; drop --megatron/--tp/--pp to emit "
             "the launch of the recommended DeepSpeed/FSDP/DDP layout"
         )
+    given = {"--configured": args.configured, "--master-addr": args.master_addr, "--image": args.image,
+             "--master-port": args.master_port, "--job-name": args.job_name}  # fmt: skip
+    unused = [flag for flag, value in given.items() if value not in (None, False)]
+    if unused and not args.emit:
+        raise ConfigError(
+            f"{', '.join(unused)}: only used with --emit torchrun|slurm|k8s; add --emit or drop them"
+        )
     if args.emit == "k8s" and not args.image:
         raise ConfigError("--emit k8s: give --image, the container image with lmstack installed")
+    cfg = load_config(args.config, args.overrides)
+    # a hub id that is not cached while offline: one line, as `train` says it; the tokenizer is needed
+    # only when the data's own lengths are read
+    check_model_path(cfg, tokenizer=not args.no_data)
     # the GPU is probed (torch imported) only when --gpus / --gpu-memory / --gpu leave something to read
     here = LaunchContext.from_env(probe_cuda=not (args.gpus and (args.gpu_memory or args.gpu)))
     gpus = args.gpus or max(here.gpu_count, 1)
@@ -269,7 +276,7 @@ def emit_launch(args: argparse.Namespace, result, gpus: int) -> str:
     from pathlib import Path
 
     from lmstack.launch.emit import LaunchSpec, render
-    from lmstack.launch.torchrun import override_args
+    from lmstack.launch.torchrun import DEFAULT_MULTINODE_PORT, override_args
     from lmstack.memory.advice import label, target_installs
 
     layers = result.request.spec.num_layers
@@ -297,8 +304,8 @@ def emit_launch(args: argparse.Namespace, result, gpus: int) -> str:
         nproc_per_node=gpus,
         overrides=(*args.overrides, *override_args(changes)),
         master_addr=args.master_addr,
-        master_port=args.master_port,
-        job_name=args.job_name,
+        master_port=args.master_port or DEFAULT_MULTINODE_PORT,
+        job_name=args.job_name or "lmstack",
         image=args.image,
         summary=("configured: " if args.configured else "recommended: ") + label(chosen, layers),
         notes=tuple(notes),
@@ -419,10 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--master-addr", help="--emit torchrun: node 0's address (default: $MASTER_ADDR on each node)"
     )
-    p.add_argument(
-        "--master-port", type=int, default=29500, help="--emit: the rendezvous port (default 29500)"
-    )
-    p.add_argument("--job-name", default="lmstack", help="--emit slurm/k8s: the job's name")
+    p.add_argument("--master-port", type=int, help="--emit: the rendezvous port (default 29500)")
+    p.add_argument("--job-name", help="--emit slurm/k8s: the job's name (default lmstack)")
     p.add_argument("--image", help="--emit k8s: the container image with lmstack installed")
     p.set_defaults(func=cmd_plan)
 

@@ -168,7 +168,8 @@ def k8s_objects(spec: LaunchSpec, config_name: str, config_text: str) -> list[di
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": {"name": spec.job_name},
-        "spec": {"nprocPerNode": gpus, "pytorchReplicaSpecs": replicas},
+        # runPolicy is required by the v1 API (kubeflow-training's models); cleanPodPolicy None is its default
+        "spec": {"nprocPerNode": gpus, "pytorchReplicaSpecs": replicas, "runPolicy": {"cleanPodPolicy": "None"}},
     }
     return [config_map, job]
 
