@@ -196,6 +196,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{', '.join(unused)}: only used with --emit torchrun|slurm|k8s; add --emit or drop them"
         )
+    if args.emit and args.json:
+        raise ConfigError("--emit prints the launch file, --json the plan: give one of them")
+    if args.configured and args.search:
+        raise ConfigError(
+            "--configured emits the YAML as it is, --search changes its micro-batch/checkpointing: give one"
+        )
     if args.emit == "k8s" and not args.image:
         raise ConfigError("--emit k8s: give --image, the container image with lmstack installed")
     cfg = load_config(args.config, args.overrides)

@@ -285,6 +285,8 @@ def test_k8s_needs_an_image_and_megatron_layouts_are_not_emitted(capsys, cfg):
     assert "does not run Megatron" in capsys.readouterr().err
     assert main(["plan", str(cfg), "--gpus", "8", "--gpu", "h100", "--image", "img", "--configured"]) == 2
     assert "--configured, --image: only used with --emit" in capsys.readouterr().err
+    assert main(["plan", str(cfg), "--gpus", "8", "--gpu", "h100", "--emit", "slurm", "--json"]) == 2
+    assert "give one of them" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--image"):
         k8s_objects(LaunchSpec("c.yaml", 1, 1), "c.yaml", "")
 
