@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if getattr(args, "func", None) is cmd_plan:
+    if getattr(args, "command", None) == "plan":
         try:
             args.config, args.overrides = split_plan_items([args.config, *args.overrides])
         except argparse.ArgumentTypeError as err:
