@@ -229,3 +229,43 @@ def test_nodes_that_do_not_share_output_dir_stop_at_the_first_checkpoint(base_cf
         in err0
     )
     assert not (tmp_path / "node0" / "checkpoint-4").exists()  # nothing a resume could pick up
+
+
+def test_emitted_torchrun_lines_train_on_two_nodes(base_cfg, tmp_path):
+    """`lmstack plan --emit torchrun` for 2 nodes x 1 GPU: each line, run as it is on its "node" (here
+    both on loopback, CPU and gloo), trains the plan's recommended layout as one job of world size 2."""
+    from lmstack.launch.torchrun import free_port
+
+    cfg = _cfg(base_cfg, tmp_path, "emitted")
+    port = free_port()
+    plan = subprocess.run(
+        [sys.executable, "-m", "lmstack.cli", "plan", str(cfg), "--gpus", "1", "--nodes", "2", "--gpu", "h100",
+         "--no-data", "--emit", "torchrun", "--master-addr", "127.0.0.1", "--master-port", str(port)],
+        capture_output=True, text=True, check=True, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    )  # fmt: skip
+    lines = [x for x in plan.stdout.splitlines() if x and not x.startswith("#")]
+    assert len(lines) == 2, plan.stdout
+    env = _env(tmp_path, "")
+    for name in ("FORCE_TORCHRUN", "MASTER_ADDR"):  # the lines set the topology themselves
+        env.pop(name)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # this venv's torchrun
+    procs = [
+        subprocess.Popen(
+            ["bash", "-c", line], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for line in lines
+    ]
+    (rc0, err0), (rc1, err1) = _wait(procs)
+    assert rc0 == 0, err0[-3000:]
+    assert rc1 == 0, err1[-3000:]
+    assert sum("rank 0/2 on " in line and "local rank 0" in line for line in err0.splitlines()) == 1, err0
+    assert sum("rank 1/2 on " in line and "local rank 0" in line for line in err1.splitlines()) == 1, err1
+    out = tmp_path / "emitted"
+    assert json.loads((out / "run_manifest.json").read_text())["world_size"] == 2
+    assert len(_losses(out)) == STEPS
+    # the recommendation's changes reached the run: what the line passes is what was trained
+    overrides = dict(w.split("=", 1) for w in lines[0].split(f"train {cfg}", 1)[1].split())
+    assert overrides  # the tiny model on an H100: no recompute needed (gradient_checkpointing=false)
+    saved = yaml.safe_load((out / "lmstack_config.yaml").read_text())
+    for key, raw in overrides.items():
+        assert saved[key] == yaml.safe_load(raw.strip("'")), (key, raw, saved.get(key))

@@ -32,6 +32,32 @@ METHOD_CHANGE_MIN_SPEEDUP = 1.5
 CHECKPOINT_FULL_BYTES = 2 + 12  # bf16 weights + fp32 master, Adam m + v
 CHECKPOINT_ADAPTER_BYTES = 4 + 8  # adapter weights + Adam m + v
 PACKAGE_FOR = {"deepspeed": "deepspeed", "qlora": "bitsandbytes", "liger": "liger_kernel", "fp8": "torchao"}
+# what to pip-install on the target for a module a row needs (fp8 through lmstack's extra: its pinned torchao)
+PIP_FOR = {
+    "deepspeed": "deepspeed",
+    "bitsandbytes": "bitsandbytes",
+    "liger_kernel": "liger-kernel",
+    "torchao": "lmstack[fp8]",
+    "flash_attn": "flash-attn",
+    "flash_attn_interface": "flash-attn-3",
+    "unsloth": "lmstack[unsloth]",
+}
+
+
+def target_installs(req: PlanRequest, s: Setup) -> tuple[str, ...]:
+    """The pip requirements the target needs for setup `s` (the planner assumes it has them; `lmstack
+    train` there refuses a missing one): the row's strategy (ZeRO, QLoRA, Liger, FP8 full) and what the
+    YAML itself names (req.yaml_packages: flash-attn, Unsloth)."""
+    need = list(req.yaml_packages)
+    if s.deepspeed_stage is not None:
+        need.append("deepspeed")
+    if s.quantization_bit:
+        need.append("bitsandbytes")
+    if s.fused_ce if s.liger is None else s.liger:  # Liger's kernel set (estimate._liger), not the chunked CE
+        need.append("liger_kernel")
+    if s.fp8 == "float8-training":
+        need.append("torchao")
+    return tuple(dict.fromkeys(PIP_FOR[n] for n in need if n in PIP_FOR))
 
 
 def unsupported(req: PlanRequest, s: Setup) -> str:

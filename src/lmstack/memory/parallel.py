@@ -65,8 +65,11 @@ class Layout:
         }
 
 
-def layout_errors(spec: ModelSpec, gpus: int, tp: int, pp: int, gpus_per_node: int) -> list[str]:
-    """Every rule a TP/PP pair breaks, each naming the rule and the fix."""
+def layout_errors(
+    spec: ModelSpec, gpus: int, tp: int, pp: int, gpus_per_node: int, interconnect: str | None = None
+) -> list[str]:
+    """Every rule a TP/PP pair breaks, each naming the rule and the fix. `interconnect`: the GPUs'
+    ("pcie": no NVLink between them, so no TP; None or "nvlink": TP inside a node)."""
     errs: list[str] = []
     if tp < 1 or pp < 1:
         return [f"tp={tp}, pp={pp}: sizes must be >= 1"]
@@ -85,6 +88,11 @@ def layout_errors(spec: ModelSpec, gpus: int, tp: int, pp: int, gpus_per_node: i
         errs.append(f"PP={pp} does not divide num_layers={spec.num_layers}")
     if tp > gpus_per_node:
         errs.append(f"TP={tp} exceeds gpus_per_node={gpus_per_node} (TP must stay inside one NVLink node)")
+    if tp > 1 and interconnect == "pcie":
+        errs.append(
+            f"TP={tp} on GPUs linked by PCIe only (TP all-reduces every layer's activations and needs "
+            "NVLink); use TP=1 with PP/DP"
+        )
     return errs
 
 
@@ -155,11 +163,12 @@ def check_layout(
     sequence_parallel: bool | None = None,
     distributed_optimizer: bool = True,
     recompute: str | None = "selective",
+    interconnect: str | None = None,
 ) -> Layout:
     """Explain whether one TP/PP layout is valid, how big its bubble is and whether it fits."""
     if recompute not in RECOMPUTE_CHOICES:
         raise ValueError(f"recompute: got {recompute!r}; allowed: selective | full | null")
-    errs = layout_errors(spec, gpus, tp, pp, gpus_per_node)
+    errs = layout_errors(spec, gpus, tp, pp, gpus_per_node, interconnect)
     sp = tp > 1 if sequence_parallel is None else (sequence_parallel and tp > 1)
     dp = gpus // (tp * pp) if tp * pp and gpus % (tp * pp) == 0 else 0
     bubble = bubble_ratio(pp, micro_batches)
@@ -200,7 +209,7 @@ def enumerate_layouts(
     """Every TP x PP x DP = gpus layout (valid or not, with reasons), best first.
 
     ``options`` are the keyword arguments of ``check_layout`` (micro_batch_size, seq_len,
-    gpu_memory_gib, sequence_parallel, distributed_optimizer, recompute).
+    gpu_memory_gib, sequence_parallel, distributed_optimizer, recompute, interconnect).
     """
     layouts = []
     for tp in _divisors(gpus):

@@ -131,6 +131,11 @@ class PlanRequest:
     worst_seq_len: int | None = None  # seq_len with every row cutoff_len long, shown next to a data-aware one
     # what this machine can run: optional packages installed (None = assume all), free disk at output_dir
     available: frozenset[str] | None = None
+    yaml_packages: tuple[
+        str, ...
+    ] = ()  # optional modules the YAML itself needs (flash_attn for fa2, unsloth)
+    # the target's GPUs talk over "nvlink" or "pcie" (memory/gpus.py); None: not said (NVLink assumed)
+    interconnect: str | None = None
     unmodelled: tuple[str, ...] = ()  # what the memory model leaves out for this run, said as a note
     disk_free_gib: float | None = None
     # the stage's loss never needs the logits: Liger / the chunked CE can replace the head (STAGE_SPECS)

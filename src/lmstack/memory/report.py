@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lmstack.memory import partial_ckpt
-from lmstack.memory.advice import ckpt_cell
+from lmstack.memory.advice import ckpt_cell, target_installs
 from lmstack.memory.estimate import estimate
 from lmstack.memory.memory import MemoryBreakdown
 from lmstack.memory.recommend import Candidate, PlanResult, _best_per_strategy
@@ -127,7 +127,7 @@ def format_table(result: PlanResult) -> str:
     fp8 = f", fp8 {req.fp8}" if req.fp8 else ""
     lines = [
         f"{req.spec.model_type} {req.spec.num_params / 1e9:.2f}B params, {req.stage} {req.finetuning_type}{fp8}, "
-        f"{req.num_gpus} GPU(s) x {req.gpu_memory_gib:g} GiB, seq_len {req.seq_len}",
+        f"{req.num_gpus} GPU(s) x {req.gpu_memory_gib:g} GiB{_gpu_kind(req)}, seq_len {req.seq_len}",
     ]
     lengths = _lengths_line(result)
     if lengths:
@@ -164,8 +164,33 @@ def format_table(result: PlanResult) -> str:
     else:
         lines.append("recommendation: " + rec.reason)
         lines += [f"  {k}: {_yaml_value(v)}" for k, v in rec.yaml_changes.items()]
+    for which, pkgs in installs(result).items():
+        if pkgs:
+            lines.append(f"install on the target for the {which} setup: pip install {' '.join(pkgs)}")
     lines += [f"note: {n}" for n in result.notes]
     return "\n".join(lines)
+
+
+def installs(result: PlanResult) -> dict[str, list[str]]:
+    """{"configured" | "recommended": the pip requirements the target needs for that setup} (the planner
+    plans for a target that has them: memory/advice.target_installs)."""
+    out = {}
+    if result.configured is not None:
+        out["configured"] = list(target_installs(result.request, result.configured.setup))
+    if result.recommendation is not None:
+        out["recommended"] = list(target_installs(result.request, result.recommendation.candidate.setup))
+    return out
+
+
+def _gpu_kind(req) -> str:
+    """`, sm90 (NVIDIA H200 (SXM)), nvlink`: the target GPU's kind where the request knows it."""
+    bits = []
+    if req.gpu_capability is not None:
+        major, minor = req.gpu_capability
+        bits.append(f"sm{major}{minor}" + (f" ({req.gpu_name})" if req.gpu_name else ""))
+    if req.interconnect:
+        bits.append(req.interconnect)
+    return "".join(f", {b}" for b in bits)
 
 
 def _yaml_value(v: object) -> str:
@@ -194,5 +219,6 @@ def to_json(result: PlanResult, all_candidates: bool = False) -> dict[str, objec
             "worst_case_gib": None if (w := worst_case(result)) is None else w.to_dict(),
         },
         "megatron": [layout.to_dict() for layout in result.megatron],
+        "target_installs": installs(result),
         "notes": list(result.notes),
     }

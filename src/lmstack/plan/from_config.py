@@ -175,6 +175,16 @@ def _single_process_scheme(plan: RunPlan) -> tuple[bool, bool]:
     return False, mixed and (t.master_weights == "model" or (t.master_weights == "auto" and bool(blockers)))
 
 
+def yaml_packages(cfg) -> tuple[str, ...]:
+    """Optional modules the YAML itself names (not a strategy's): flash-attn for fa2/fa3, Unsloth."""
+    named = []
+    if cfg.model.flash_attn in ("fa2", "fa3"):
+        named.append("flash_attn" if cfg.model.flash_attn == "fa2" else "flash_attn_interface")
+    if cfg.model.use_unsloth:
+        named.append("unsloth")
+    return tuple(named)
+
+
 def request_from_plan(
     plan: RunPlan,
     gpus: int,
@@ -185,11 +195,13 @@ def request_from_plan(
     lengths: DataLengths | None = None,
     available: frozenset[str] | None = None,
     disk_free_gib: float | None = None,
+    interconnect: str | None = None,
 ) -> PlanRequest:
     """Every fact the memory model needs, read from the run plan (never re-derived from the YAML).
     `lengths`: the data's own row lengths (plan/lengths.py) for an unpacked run; None = cutoff_len.
     `available` / `disk_free_gib`: this machine's optional packages and free disk at output_dir (None: the
-    recommendation assumes everything installed / does not check the disk)."""
+    recommendation assumes everything installed / does not check the disk); `interconnect`: the target
+    GPUs' "nvlink" | "pcie" (memory/gpus.py), None where not known."""
     from lmstack.models.adapters import freeze_extra_modules
 
     cfg = plan.cfg
@@ -220,6 +232,8 @@ def request_from_plan(
         **fields,
         unmodelled=_unmodelled(cfg),
         available=available,
+        yaml_packages=yaml_packages(cfg),
+        interconnect=interconnect,
         disk_free_gib=disk_free_gib,
         stage_fused_ce=plan.stage.fused_ce,
         multi_process=plan.stage.multi_process,

@@ -1,5 +1,12 @@
 """`lmstack plan`'s question: what would this YAML need on N GPUs of M GiB? The run plan resolved
-for that hypothetical machine, turned into the planner's request."""
+for that hypothetical machine, turned into the planner's request.
+
+The machine planned for is the target, not the one planning: it is assumed to have every optional
+package a strategy or the YAML needs (DeepSpeed, bitsandbytes, torchao, Liger; flash-attn / Unsloth
+where the YAML names them), so the answer is the same on a laptop without DeepSpeed as on the cluster;
+the plan says what to install there (memory/advice.target_installs). Only `lmstack train` checks the
+machine it runs on (plan/rules.py).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,20 @@ from dataclasses import replace
 from pathlib import Path
 
 from lmstack.config.schema import Config
-from lmstack.launch.context import LaunchContext
+from lmstack.launch.context import OPTIONAL_PACKAGES, LaunchContext
 from lmstack.memory.recommend import PlanRequest
-from lmstack.plan.from_config import request_from_plan
+from lmstack.plan.from_config import request_from_plan, yaml_packages
 from lmstack.plan.runplan import RunPlan
+
+# what a strategy of the planner needs on the target: ZeRO (deepspeed), QLoRA (bitsandbytes), FP8 full
+# fine-tuning (torchao), Liger's fused loss (liger_kernel). flash-attn is not among them: `flash_attn: auto`
+# picks flex/SDPA without it, and assuming it would make the answer depend on a package no row needs.
+STRATEGY_PACKAGES = frozenset({"deepspeed", "bitsandbytes", "torchao", "liger_kernel"})
+
+
+def target_packages(cfg: Config) -> frozenset[str]:
+    """The optional packages assumed on the target for `cfg`: the strategies' and those the YAML names."""
+    return (STRATEGY_PACKAGES | set(yaml_packages(cfg))) & frozenset(OPTIONAL_PACKAGES)
 
 
 def gpu_context(
@@ -20,9 +37,10 @@ def gpu_context(
     gpu_memory_gib: float,
     gpu_capability: tuple[int, int] | None = None,
     gpu_name: str | None = None,
+    packages: frozenset[str] = STRATEGY_PACKAGES,
 ) -> LaunchContext:
-    """The launch context of a hypothetical GPU job (what `lmstack plan --gpus N` plans for); optional
-    kernels the YAML asks for are assumed installed on that machine. `gpu_capability` (major, minor) and
+    """The launch context of a hypothetical GPU job (what `lmstack plan --gpus N` plans for): `packages`
+    are assumed installed there whatever this machine has. `gpu_capability` (major, minor) and
     `gpu_name`: the GPU's kind where known (FP8 needs sm89+); None leaves it unknown."""
     here = LaunchContext.from_env(probe_cuda=False)
     return replace(
@@ -35,7 +53,7 @@ def gpu_context(
         bf16_supported=True,
         cuda_capability=gpu_capability,
         gpu_name=gpu_name,
-        packages=here.packages | {"liger_kernel"},
+        packages=packages,
     )
 
 
@@ -47,7 +65,7 @@ def plan_for(
     gpu_name: str | None = None,
 ) -> RunPlan:
     """The run plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` (auto fields left for the planner)."""
-    ctx = gpu_context(gpus, gpu_memory_gib, gpu_capability, gpu_name)
+    ctx = gpu_context(gpus, gpu_memory_gib, gpu_capability, gpu_name, target_packages(cfg))
     return RunPlan.resolve(cfg, ctx, resolve_auto=False)
 
 
