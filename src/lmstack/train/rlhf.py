@@ -146,7 +146,23 @@ def import_reward_func(spec: str) -> Callable:
 
 
 def reward_functions(cfg: Config) -> list[Callable]:
-    return [import_reward_func(spec) for spec in split_specs(cfg.finetuning.reward_funcs)]
+    """reward_funcs in order: a shipped name (accuracy | format | length, train/rewards.py) or a
+    'pkg.module:function' / 'file.py:function' spec."""
+    from lmstack.plan.decide_rl import SHIPPED_REWARDS
+    from lmstack.train.rewards import shipped_reward
+
+    out = []
+    for spec in split_specs(cfg.finetuning.reward_funcs):
+        if spec in SHIPPED_REWARDS:
+            out.append(shipped_reward(spec, cfg))
+        elif ":" not in spec:
+            raise ConfigError(
+                f"reward_funcs: {spec!r} is neither a shipped reward ({' | '.join(SHIPPED_REWARDS)}) nor "
+                "'pkg.module:function' / 'file.py:function'"
+            )
+        else:
+            out.append(import_reward_func(spec))
+    return out
 
 
 # ---- pre-flight: stage/field conflicts, checked before anything loads ----------------------------
@@ -178,6 +194,11 @@ def check_stage_config(cfg: Config) -> None:
     if ft.reward_funcs:
         if spec.needs_reward:
             reward_functions(cfg)  # import now: a typo fails before the model loads
+            if stage == "ppo" and "accuracy" in split_specs(ft.reward_funcs):
+                raise ConfigError(
+                    "reward_funcs: accuracy compares with the dataset's reference answers, which stage ppo does "
+                    "not hand to its rewards; use stage: grpo or rloo, or a reward of your own"
+                )
         else:
             logger.warning("reward_funcs: has no effect for stage %s (ppo and grpo use it)", stage)
     _check_reference(cfg)
