@@ -34,9 +34,12 @@ def _text(completion: Any) -> str:
     return str(completion)
 
 
+BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
 def last_boxed(text: str) -> str | None:
     """The content of the last \\boxed{...} (or \\fbox{...}), braces balanced."""
-    starts = [m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]
+    starts = [m.end() for m in BOX_OPEN.finditer(text)]
     if not starts:
         return None
     depth, start = 1, starts[-1]
@@ -65,6 +68,8 @@ def extract_answer(text: str) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
+    if BOX_OPEN.search(text):
+        return None  # a \boxed{ never closed: the answer was cut off, no number in it counts
     hashes = re.findall(r"####\s*(.+)", text)
     if hashes:
         return hashes[-1].strip()
