@@ -390,6 +390,15 @@ class FinetuningArgs(Section):
         description="grpo/rloo, reward_funcs: format: the regular expression a whole answer must match to score 1 "
         "(default: <think>...</think><answer>...</answer>).",
     )
+    tool_funcs: str | None = Field(
+        None,
+        description="grpo: comma-separated Python tools 'pkg.module:function' the model may call in its answers "
+        "(the template's tool-call format; the prompts describe them through the dataset's tools column); "
+        "their answers are fed back as observation turns and masked from the loss.",
+    )
+    max_tool_calling_iterations: int | None = Field(
+        None, ge=1, description="grpo, tool_funcs: most tool calls per answer (unset: until max_new_tokens)."
+    )
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
         "dapo",
         description="grpo: how token losses are averaged: grpo (per answer, then over answers) | bnpo (over the "

@@ -23,7 +23,7 @@ from lmstack.config.stages import StageSpec
 RL_STAGES = ("grpo", "rloo")
 SHIPPED_REWARDS = ("accuracy", "format", "length")  # train/rewards.py
 # knobs GRPOConfig has and RLOOConfig lacks (RLOO scales its advantages with ppo_score_norm)
-GRPO_ONLY = ("loss_type", "scale_rewards", "importance_sampling_level")
+GRPO_ONLY = ("loss_type", "scale_rewards", "importance_sampling_level", "tool_funcs", "max_tool_calling_iterations")
 RL_KNOBS = (
     *GRPO_ONLY,
     "epsilon",
@@ -32,6 +32,8 @@ RL_KNOBS = (
     "num_iterations",
     "steps_per_generation",
     "reward_weights",
+    "tool_funcs",
+    "max_tool_calling_iterations",
 )
 REWARD_MODEL_NAME = "reward_model"  # the reward function TRL logs as rewards/reward_model/mean
 
@@ -51,6 +53,8 @@ class RLPlan:
     num_iterations: int
     steps_per_generation: int
     stale: bool  # rollouts reused or from an older policy: the ratio to the sampling-time policy applies
+    tools: tuple[str, ...] = ()  # tool_funcs: multi-turn rollouts calling them (train/tool_rollout.py)
+    max_tool_calls: int | None = None
 
     def label(self) -> str:
         clip = f"{self.epsilon:g}" if self.epsilon_high == self.epsilon else f"{self.epsilon:g}/{self.epsilon_high:g}"
@@ -59,6 +63,7 @@ class RLPlan:
             f"{self.loss_type}, clip {clip}, scale {self.scale_rewards}, {self.importance_sampling_level} ratio, "
             f"beta {self.beta:g}, rewards {'+'.join(self.rewards)} x ({weights})"
             + (", masks truncated" if self.mask_truncated_completions else "")
+            + (f", tools {'+'.join(self.tools)} (at most {self.max_tool_calls or 'max_new_tokens'})" if self.tools else "")
         )
 
     def reason(self) -> str:
@@ -70,7 +75,12 @@ class RLPlan:
             )
         else:
             ratio = "on-policy (each rollout used once in its own step): the ratio is 1"
-        return f"{ref}; {ratio}"
+        tools = (
+            "; tool answers are observation turns in the template's format, masked from the loss"
+            if self.tools
+            else ""
+        )
+        return f"{ref}; {ratio}{tools}"
 
 
 def reward_names(ft: FinetuningArgs) -> tuple[str, ...]:
@@ -123,5 +133,7 @@ def rl_plan(cfg: Config, spec: StageSpec) -> tuple[RLPlan | None, str]:
         num_iterations=ft.num_iterations,
         steps_per_generation=steps,
         stale=t.gradient_accumulation_steps % (steps * ft.num_iterations) != 0,
+        tools=tuple(s.strip().rpartition(":")[2] for s in (ft.tool_funcs or "").split(",") if s.strip()),
+        max_tool_calls=ft.max_tool_calling_iterations,
     )
     return plan, plan.reason()

@@ -242,6 +242,8 @@ def rl_fields(plan: RunPlan) -> str | None:
             f"importance_sampling_level: sequence with loss_type: {ft.loss_type} sums token terms, weighting "
             "each answer by its length; GSPO's per-answer objective is loss_type: grpo"
         )
+    if ft.max_tool_calling_iterations is not None and not ft.tool_funcs and stage in RL_STAGES:
+        notes.append("max_tool_calling_iterations: no effect without tool_funcs")
     uses_format = "format" in [s.strip() for s in (ft.reward_funcs or "").split(",")]
     if ft.format_reward_pattern != _default("format_reward_pattern"):
         import re

@@ -70,6 +70,7 @@ def run(plan: RunPlan) -> dict:
         log_completions=False,
         **rl_kwargs(plan),
     )
+    rollout = tool_rollout(plan, template, tokenizer, train_ds)
     trainer = trainer_cls(
         model=model,
         reward_funcs=reward_funcs,
@@ -78,6 +79,7 @@ def run(plan: RunPlan) -> dict:
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         callbacks=common.make_callbacks(cfg),
+        **({"rollout_func": rollout} if rollout is not None else {}),
     )
     rlhf.drop_trl_ref_adapter(cfg, trainer.model)  # a fresh adapter: the adapter-off base is the reference
     per_reward = tuple(f"rewards/{name}/mean" for name in trainer.reward_func_names)
@@ -105,6 +107,27 @@ def rl_kwargs(plan: RunPlan) -> dict[str, Any]:
             "importance_sampling_level": rl.importance_sampling_level,
         }
     return kwargs
+
+
+def tool_rollout(plan: RunPlan, template: Any, tokenizer: Any, train_ds: Any) -> Any | None:
+    """tool_funcs -> the multi-turn rollout calling them (None without tools). Each tool must be described
+    to the model: its name in the prompts (the dataset's tools column), else refused before the load."""
+    specs = rlhf.split_specs(plan.cfg.finetuning.tool_funcs)
+    if not specs:
+        return None
+    from lmstack.train.tool_rollout import ToolRollout
+
+    funcs = [rlhf.import_reward_func(spec, "tool_funcs") for spec in specs]
+    tools = {f.__name__: f for f in funcs}
+    prompts = train_ds["prompt"]
+    for name in tools:
+        if not any(name in p for p in prompts):
+            raise ConfigError(
+                f"tool_funcs: no prompt describes the tool {name!r}, so the model cannot know to call it; give "
+                "the dataset a tools column (LLaMA-Factory's format: the tools' JSON schemas) that lists it"
+            )
+    g = plan.cfg.generating
+    return ToolRollout(template, tokenizer, tools, plan.rl.max_tool_calls, g.max_new_tokens)
 
 
 def check_references(plan: RunPlan, train_ds: Any) -> None:
