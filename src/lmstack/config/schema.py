@@ -452,6 +452,8 @@ class FinetuningArgs(Section):
         """'1.0,0.5' (LF's comma lists) or a YAML list -> a list of floats."""
         if value is None or isinstance(value, list | tuple) and not value:
             return None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = [value]  # `reward_weights: 2` (one reward)
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
             raise ValueError("write a comma list of numbers, e.g. '1.0,0.5', or a YAML list")

@@ -53,6 +53,7 @@ def test_every_knob_reaches_the_plan():
     notes, problems = rules(p)
     assert not problems and any("GSPO's per-answer objective is loss_type: grpo" in n for n in notes)
     assert plan(reward_weights=[2]).rl.reward_weights == (2.0,)  # a YAML list
+    assert plan(reward_weights=0.5).rl.reward_weights == (0.5,)  # one number for one reward
 
 
 def test_kl_reference_follows_pref_beta_and_the_method():
