@@ -181,3 +181,24 @@ def test_loss_type_equals_the_papers_objective(tiny_model, tmp_path, loss_type, 
     # the clip binds on both sides of this batch (the test exercises clip-higher, not just the ratio)
     ratio = torch.exp(-batch["_old_shift"])[m.bool()]
     assert (ratio < 1 - EPS).any() and (ratio > 1 + EPS_HIGH).any()
+
+
+def test_every_rl_knob_reaches_trl(tiny_model, tmp_path):
+    plan = _plan(
+        tiny_model,
+        tmp_path,
+        loss_type="bnpo",
+        scale_rewards="batch",
+        mask_truncated_completions=True,
+        num_iterations=2,
+        steps_per_generation=2,
+        pref_beta=0,
+        reward_weights="0.5",
+    )
+    trainer = _trainer(plan)
+    assert (trainer.loss_type, trainer.scale_rewards, trainer.mask_truncated_completions) == ("bnpo", "batch", True)
+    assert (trainer.num_iterations, trainer.args.steps_per_generation) == (2, 2)
+    assert trainer.beta == 0 and trainer.ref_model is None
+    assert trainer.reward_weights.tolist() == [0.5]
+    assert plan.rl.stale  # generation every 4 micro-steps, optimizer every 1: old log-probs are recorded
+    assert trainer.args.gradient_accumulation_steps % (2 * 2) != 0
