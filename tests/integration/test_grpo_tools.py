@@ -105,9 +105,10 @@ def test_tool_rollout_calls_the_tool_and_masks_its_answer(tool_model, tmp_path, 
     # TRL counts (and trains on) the model's tokens only: the inserted observation is left out
     total = sum(n for _, n in seen) / len(seen)
     assert step["completions/mean_length"] == pytest.approx(total - len(inserted))
-    assert "tools add (at most 1)" in json.loads((Path(run["output_dir"]) / "run_manifest.json").read_text())[
-        "plan"
-    ]["decisions"]["rl"]
+    assert (
+        "tools add (at most 1)"
+        in json.loads((Path(run["output_dir"]) / "run_manifest.json").read_text())["plan"]["decisions"]["rl"]
+    )
 
 
 def test_tools_the_prompts_do_not_describe_are_refused(tiny_model, tmp_path, fixtures_module):

@@ -23,7 +23,13 @@ from lmstack.config.stages import StageSpec
 RL_STAGES = ("grpo", "rloo")
 SHIPPED_REWARDS = ("accuracy", "format", "length")  # train/rewards.py
 # knobs GRPOConfig has and RLOOConfig lacks (RLOO scales its advantages with ppo_score_norm)
-GRPO_ONLY = ("loss_type", "scale_rewards", "importance_sampling_level", "tool_funcs", "max_tool_calling_iterations")
+GRPO_ONLY = (
+    "loss_type",
+    "scale_rewards",
+    "importance_sampling_level",
+    "tool_funcs",
+    "max_tool_calling_iterations",
+)
 RL_KNOBS = (
     *GRPO_ONLY,
     "epsilon",
@@ -57,13 +63,21 @@ class RLPlan:
     max_tool_calls: int | None = None
 
     def label(self) -> str:
-        clip = f"{self.epsilon:g}" if self.epsilon_high == self.epsilon else f"{self.epsilon:g}/{self.epsilon_high:g}"
+        clip = (
+            f"{self.epsilon:g}"
+            if self.epsilon_high == self.epsilon
+            else f"{self.epsilon:g}/{self.epsilon_high:g}"
+        )
         weights = ",".join(f"{w:g}" for w in self.reward_weights)
         return (
             f"{self.loss_type}, clip {clip}, scale {self.scale_rewards}, {self.importance_sampling_level} ratio, "
             f"beta {self.beta:g}, rewards {'+'.join(self.rewards)} x ({weights})"
             + (", masks truncated" if self.mask_truncated_completions else "")
-            + (f", tools {'+'.join(self.tools)} (at most {self.max_tool_calls or 'max_new_tokens'})" if self.tools else "")
+            + (
+                f", tools {'+'.join(self.tools)} (at most {self.max_tool_calls or 'max_new_tokens'})"
+                if self.tools
+                else ""
+            )
         )
 
     def reason(self) -> str:

@@ -132,7 +132,9 @@ def tool_rollout(plan: RunPlan, template: Any, tokenizer: Any, train_ds: Any) ->
 
 def check_references(plan: RunPlan, train_ds: Any) -> None:
     """`accuracy` compares with the dataset's answers: a dataset without any is refused before the load."""
-    if "accuracy" in rlhf.split_specs(plan.cfg.finetuning.reward_funcs) and not any(train_ds[SOLUTION_COLUMN]):
+    if "accuracy" in rlhf.split_specs(plan.cfg.finetuning.reward_funcs) and not any(
+        train_ds[SOLUTION_COLUMN]
+    ):
         raise ConfigError(
             f"reward_funcs: accuracy compares each answer with the dataset's reference answer, and "
             f"{plan.cfg.data.dataset} has none; map its answer column as the response (alpaca: output) in "

@@ -131,7 +131,12 @@ def _sympy_value(s: str) -> Any | None:
     """A sympy expression from a short, whitelisted string (no names other than sqrt, pi and one-letter
     variables reach the parser; powers bounded), else None."""
     s = _strip_latex(s).replace(" ", "")
-    if not s or len(s) > 64 or not SAFE_EXPRESSION.fullmatch(s) or re.search(r"[a-z]{2,}", re.sub(r"sqrt|pi", "", s)):
+    if (
+        not s
+        or len(s) > 64
+        or not SAFE_EXPRESSION.fullmatch(s)
+        or re.search(r"[a-z]{2,}", re.sub(r"sqrt|pi", "", s))
+    ):
         return None
     if s.count("^") > 1 or any(len(m) > 2 for m in re.findall(r"\^\(?(\d+)", s)):
         return None  # 9^9^9 would never finish
@@ -196,7 +201,9 @@ def accuracy(prompts: list, completions: list, completion_ids: list, **columns: 
     out: list[float | None] = []
     for completion, solution in zip(completions, solutions):
         reference = reference_answer(solution) if solution else None
-        out.append(None if reference is None else float(answers_equal(extract_answer(_text(completion)), reference)))
+        out.append(
+            None if reference is None else float(answers_equal(extract_answer(_text(completion)), reference))
+        )
     return out
 
 

@@ -75,7 +75,9 @@ class ToolRollout:
 
     def __call__(self, prompts: list[str], trainer: Any) -> dict[str, list]:
         # the sampler already repeats each prompt num_generations times: one rollout per prompt given
-        prompt_ids = [list(ids) for ids in self.tokenizer(text=list(prompts), add_special_tokens=False)["input_ids"]]
+        prompt_ids = [
+            list(ids) for ids in self.tokenizer(text=list(prompts), add_special_tokens=False)["input_ids"]
+        ]
         calls_before, failures_before = self.calls, self.failures
         completions: list[list[int]] = [[] for _ in prompt_ids]
         masks: list[list[int]] = [[] for _ in prompt_ids]
@@ -103,4 +105,9 @@ class ToolRollout:
         trainer._metrics[mode]["tools/failure_frequency"].append(failures / calls if calls else 0.0)
         completion_ids = [c[: self.max_len] for c in completions]
         env_mask = [m[: self.max_len] for m in masks]
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None, "env_mask": env_mask}
+        return {
+            "prompt_ids": prompt_ids,
+            "completion_ids": completion_ids,
+            "logprobs": None,
+            "env_mask": env_mask,
+        }

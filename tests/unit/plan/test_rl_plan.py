@@ -80,7 +80,9 @@ def test_stale_rollouts_are_corrected_by_the_ratio(fields, stale):
 
 
 def test_reward_weights_must_match_the_rewards():
-    with pytest.raises(ConfigError, match=r"reward_weights: 1 weights for 2 rewards \(format, reward_model\)"):
+    with pytest.raises(
+        ConfigError, match=r"reward_weights: 1 weights for 2 rewards \(format, reward_model\)"
+    ):
         plan(reward_model="rm_out", reward_weights="1")
     assert plan(reward_model="rm_out", reward_weights="1,2").rl.rewards == ("format", "reward_model")
     with pytest.raises(ConfigError, match="reward_weights.*'x' is not a number"):
@@ -122,7 +124,10 @@ def test_rloo_refuses_grpo_only_knobs_and_records_its_own_loss():
 def test_other_stages_note_the_rl_knobs_and_dpo_refuses_beta_zero():
     notes, problems = rules(plan(stage="sft", reward_funcs=None, epsilon_high=0.28, num_iterations=2))
     assert not problems
-    assert "epsilon_high, num_iterations: no effect for stage sft (online-RL settings of stage grpo / rloo)" in notes
+    assert (
+        "epsilon_high, num_iterations: no effect for stage sft (online-RL settings of stage grpo / rloo)"
+        in notes
+    )
     _, problems = rules(plan(stage="dpo", reward_funcs=None, pref_beta=0))
     assert problems and problems[0].startswith("pref_beta: 0 leaves stage dpo without a loss")
 

@@ -146,9 +146,7 @@ def reference_loss(logp, batch, loss_type: str, level: str, beta: float, accumul
     ],
 )
 def test_loss_type_equals_the_papers_objective(tiny_model, tmp_path, loss_type, level, beta):
-    plan = _plan(
-        tiny_model, tmp_path, loss_type=loss_type, importance_sampling_level=level, pref_beta=beta
-    )
+    plan = _plan(tiny_model, tmp_path, loss_type=loss_type, importance_sampling_level=level, pref_beta=beta)
     assert plan.rl.loss_type == loss_type and plan.rl.beta == beta
     trainer = _trainer(plan)
     assert (trainer.loss_type, trainer.epsilon_low, trainer.epsilon_high) == (loss_type, EPS, EPS_HIGH)
@@ -196,7 +194,11 @@ def test_every_rl_knob_reaches_trl(tiny_model, tmp_path):
         reward_weights="0.5",
     )
     trainer = _trainer(plan)
-    assert (trainer.loss_type, trainer.scale_rewards, trainer.mask_truncated_completions) == ("bnpo", "batch", True)
+    assert (trainer.loss_type, trainer.scale_rewards, trainer.mask_truncated_completions) == (
+        "bnpo",
+        "batch",
+        True,
+    )
     assert (trainer.num_iterations, trainer.args.steps_per_generation) == (2, 2)
     assert trainer.beta == 0 and trainer.ref_model is None
     assert trainer.reward_weights.tolist() == [0.5]

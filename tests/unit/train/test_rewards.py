@@ -108,5 +108,7 @@ def test_reward_funcs_names_shipped_rewards_and_refuses_unknown_names():
 
     funcs = reward_functions(_cfg(reward_funcs="accuracy, format,length"))
     assert [f.__name__ for f in funcs] == ["accuracy", "format", "length"]
-    with pytest.raises(ConfigError, match=r"'acuracy' is neither a shipped reward \(accuracy \| format \| length\)"):
+    with pytest.raises(
+        ConfigError, match=r"'acuracy' is neither a shipped reward \(accuracy \| format \| length\)"
+    ):
         reward_functions(_cfg(reward_funcs="acuracy"))
