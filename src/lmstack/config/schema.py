@@ -322,7 +322,11 @@ class FinetuningArgs(Section):
     include_effective_tokens_per_second: bool = Field(False, description="Report effective_tokens_per_sec.")
     # ---- RLHF: dpo / kto / rm / ppo / grpo (LLaMA-Factory's field names and defaults) ----
     pref_beta: float = Field(
-        0.1, gt=0, description="beta of the preference loss (DPO/IPO/hinge/ORPO/SimPO/KTO)."
+        0.1,
+        ge=0,
+        allow_inf_nan=False,
+        description="beta of the preference loss (DPO/IPO/hinge/ORPO/SimPO/KTO); grpo/rloo: weight of the KL "
+        "to the starting model (0 = no KL term and no reference forward).",
     )
     pref_ftx: float = Field(0.0, ge=0, description="dpo: weight of an extra SFT loss on the chosen answers.")
     pref_loss: Literal["sigmoid", "hinge", "ipo", "orpo", "simpo"] = Field(
@@ -375,6 +379,94 @@ class FinetuningArgs(Section):
     num_generations: int = Field(
         4, ge=2, description="grpo: completions sampled per prompt (the group size)."
     )
+    reward_weights: str | list[float] | None = Field(
+        None,
+        description="grpo/rloo: weight of each reward, e.g. '1.0,0.5': one per reward_funcs entry, then one for "
+        "reward_model (default: 1 each); the advantage uses the weighted sum.",
+    )
+    format_reward_pattern: str = Field(
+        r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$",
+        min_length=1,
+        description="grpo/rloo, reward_funcs: format: the regular expression a whole answer must match to score 1 "
+        "(default: <think>...</think><answer>...</answer>).",
+    )
+    tool_funcs: str | None = Field(
+        None,
+        description="grpo: comma-separated Python tools 'pkg.module:function' the model may call in its answers "
+        "(the template's tool-call format; the prompts describe them through the dataset's tools column); "
+        "their answers are fed back as observation turns and masked from the loss.",
+    )
+    max_tool_calling_iterations: int | None = Field(
+        None, ge=1, description="grpo, tool_funcs: most tool calls per answer (unset: until max_new_tokens)."
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
+        "dapo",
+        description="grpo: how token losses are averaged: grpo (per answer, then over answers) | bnpo (over the "
+        "micro-batch's tokens) | dr_grpo (sum / (answers x max_new_tokens)) | dapo (over the tokens of the whole "
+        "accumulated batch; TRL's default).",
+    )
+    epsilon: float = Field(
+        0.2, gt=0, lt=1, description="grpo/rloo: clip range of the probability ratio, 1 - epsilon from below."
+    )
+    epsilon_high: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="grpo/rloo: upper clip 1 + epsilon_high (DAPO's clip-higher, e.g. 0.28); unset = epsilon.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="grpo: divide the advantages by the reward std of the group | batch | none (Dr. GRPO); "
+        "true = group, false = none.",
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="grpo/rloo: answers cut by max_new_tokens (no end token) are left out of the loss."
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="grpo: probability ratios per token, or one per answer from the mean log-ratio (GSPO; "
+        "with loss_type: grpo).",
+    )
+    num_iterations: int = Field(
+        1,
+        ge=1,
+        description="grpo/rloo: optimisation passes over each batch of rollouts (mu); > 1 reuses them, corrected "
+        "by the ratio to the sampling-time probabilities.",
+    )
+    steps_per_generation: int | None = Field(
+        None,
+        ge=1,
+        description="grpo/rloo: micro-steps one rollout batch serves (default gradient_accumulation_steps); more "
+        "trains on rollouts of an older policy, corrected by the same ratio.",
+    )
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _scale_rewards_bool(cls, value: object) -> object:
+        """TRL's GRPOConfig reads true as group and false as none."""
+        return {True: "group", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+    @field_validator("reward_weights", mode="before")
+    @classmethod
+    def _reward_weights(cls, value: object) -> object:
+        """'1.0,0.5' (LF's comma lists) or a YAML list -> a list of floats."""
+        if value is None or isinstance(value, list | tuple) and not value:
+            return None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = [value]  # `reward_weights: 2` (one reward)
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple):
+            raise ValueError("write a comma list of numbers, e.g. '1.0,0.5', or a YAML list")
+        weights = []
+        for item in items:
+            try:
+                weight = float(str(item).strip()) if not isinstance(item, bool) else None
+            except ValueError:
+                weight = None
+            if weight is None or weight != weight or weight in (float("inf"), float("-inf")):
+                raise ValueError(f"{item!r} is not a number; write a comma list of numbers, e.g. '1.0,0.5'")
+            weights.append(weight)
+        return weights
 
 
 # optimizers the validator passes without importing transformers (its OptimizerNames list is the rule)

@@ -93,13 +93,18 @@ def encode_kto(example: dict, tokenizer: Any, template: Any, opts: EncodeOptions
 def encode_prompt_only(
     example: dict, tokenizer: Any, template: Any, opts: EncodeOptions
 ) -> tuple[dict, bool]:
-    """ppo/grpo: the prompt, ready for generation; a dataset answer, if any, is not used."""
+    """ppo/grpo/rloo: the prompt, ready for generation, and the dataset's answer (its response column) as
+    `solution_ids`, empty when the record has none: the reference a reward such as `accuracy` compares
+    with (it is never trained on)."""
     messages = example["prompt"]
     if not messages:
         raise DropExample("empty prompt")
     ids = template.encode_prompt(tokenizer, messages, **encode_kwargs(template, example, opts))
     truncated = len(ids) > opts.cutoff_len
-    return {"input_ids": list(ids[-opts.cutoff_len :])}, truncated
+    response = example.get("response") or []
+    answer = response[0]["content"] if len(response) == 1 else ""
+    solution = tokenizer(text=answer, add_special_tokens=False)["input_ids"] if answer else []
+    return {"input_ids": list(ids[-opts.cutoff_len :]), "solution_ids": list(solution)}, truncated
 
 
 def split_row(input_ids: list[int], labels: list[int]) -> tuple[list[int], list[int]]:

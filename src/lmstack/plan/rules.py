@@ -206,6 +206,65 @@ def upcast_layernorm(plan: RunPlan) -> str | None:
     return None
 
 
+def _default(name: str) -> object:
+    from lmstack.config.schema import FinetuningArgs
+
+    return FinetuningArgs.model_fields[name].default
+
+
+def rl_fields(plan: RunPlan) -> str | None:
+    """The online-RL knobs (grpo / rloo, TRL's GRPOConfig names): a note where the stage has no use for
+    them, a refusal where rloo would run its own loss instead of the one asked for, pref_beta: 0 where a
+    preference loss needs beta > 0."""
+    from lmstack.plan.decide_rl import GRPO_ONLY, RL_KNOBS, RL_STAGES
+
+    ft, stage = plan.cfg.finetuning, plan.stage.name
+    changed = [n for n in RL_KNOBS if getattr(ft, n) != _default(n)]
+    notes = []
+    if ft.pref_beta == 0 and stage in ("dpo", "kto"):
+        raise ConfigError(
+            f"pref_beta: 0 leaves stage {stage} without a loss (beta scales every log-ratio in it); "
+            "use a beta > 0 such as LLaMA-Factory's 0.1 (0 turns off the KL only in grpo/rloo)"
+        )
+    if stage == "ppo" and ft.pref_beta != _default("pref_beta"):
+        notes.append(
+            f"pref_beta: {ft.pref_beta} has no effect for stage ppo (its KL weight is the adaptive "
+            "kl_coef that follows ppo_target); it applies to dpo / kto / orpo / simpo / grpo / rloo"
+        )
+    if stage not in RL_STAGES:
+        if changed:
+            notes.append(
+                f"{', '.join(changed)}: no effect for stage {stage} (online-RL settings of stage grpo / rloo)"
+            )
+    elif stage == "rloo" and (grpo_only := [n for n in GRPO_ONLY if n in changed]):
+        raise ConfigError(
+            f"{grpo_only[0]}: {getattr(ft, grpo_only[0])} is a stage grpo setting; RLOO's loss is its own "
+            "(sequence-level ratio, averaged over answers; ppo_score_norm normalises its advantages): "
+            f"remove {' and '.join(grpo_only)} or use stage: grpo"
+        )
+    elif ft.importance_sampling_level == "sequence" and ft.loss_type != "grpo":
+        notes.append(
+            f"importance_sampling_level: sequence with loss_type: {ft.loss_type} sums token terms, weighting "
+            "each answer by its length; GSPO's per-answer objective is loss_type: grpo"
+        )
+    if ft.max_tool_calling_iterations is not None and not ft.tool_funcs and stage in RL_STAGES:
+        notes.append("max_tool_calling_iterations: no effect without tool_funcs")
+    uses_format = "format" in [s.strip() for s in (ft.reward_funcs or "").split(",")]
+    if ft.format_reward_pattern != _default("format_reward_pattern"):
+        import re
+
+        if not uses_format:
+            notes.append("format_reward_pattern: no effect without `format` in reward_funcs")
+        try:
+            re.compile(ft.format_reward_pattern)
+        except re.error as err:
+            raise ConfigError(
+                f"format_reward_pattern: {ft.format_reward_pattern!r} is not a regular expression ({err}); "
+                r"fix it, e.g. '^<think>.*?</think>\s*<answer>.*?</answer>$'"
+            ) from None
+    return "; ".join(notes) or None
+
+
 CHECKPOINT_KEYS = ("use_reentrant", "preserve_rng_state", "determinism_check", "debug", "early_stop")
 NON_REENTRANT_KEYS = ("determinism_check", "debug", "early_stop")
 
@@ -370,6 +429,7 @@ RULES: list[Rule] = [
     single_process_stage,
     own_loop_optimizer,
     accuracy_stage,
+    rl_fields,
     # GaLore / APOLLO / BAdam combinations are checked by train/method_rules.py
 ]
 # rules about this machine and this launch: `lmstack train` applies them, `lmstack check` (which may

@@ -17,7 +17,7 @@ from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
 from lmstack.config.stages import STAGE_SPECS, StageSpec, stage_spec
 from lmstack.launch.context import LaunchContext
-from lmstack.plan import decide, decide_kernels
+from lmstack.plan import decide, decide_kernels, decide_rl
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class RunPlan:
     # with checkpointing: how many decoder layers recompute (the first ones; plan/partial_ckpt.py), chosen by
     # the planner under gradient_checkpointing: auto; None = every layer (an explicit true, use_unsloth_gc)
     checkpoint_layers: int | None = None
+    rl: decide_rl.RLPlan | None = None  # grpo / rloo: loss, clip, advantage scaling, KL reference, rewards
 
     @classmethod
     def resolve(cls, cfg: Config, ctx: LaunchContext, resolve_auto: bool = True) -> RunPlan:
@@ -170,7 +171,7 @@ class RunPlan:
             "checkpoint_layers": (self.checkpoint_layers or "all") if self.checkpointing else None,
             "micro_batch": self.micro_batch,
             "allocator": self.allocator.label,
-        }
+        } | ({"rl": self.rl.label()} if self.rl is not None else {})
 
     def to_dict(self) -> dict[str, Any]:
         return {"decisions": self.decisions(), "reasons": dict(self.reasons), "notes": list(self.notes)}
@@ -316,6 +317,9 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     capacity = decide.row_capacity(cfg, micro) if packed else None
     alloc = decide.allocator(cfg, ctx, dev, spec, packed, zero == 3 or fsdp is not None)
     reasons["allocator"] = alloc.reason
+    rl, rl_why = decide_rl.rl_plan(cfg, spec)
+    if rl is not None:
+        reasons["rl"] = rl_why
     return RunPlan(
         cfg=cfg,
         ctx=ctx,
@@ -341,6 +345,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         allocator=alloc,
         reasons=reasons,
         notes=tuple(notes),
+        rl=rl,
     )
 
 

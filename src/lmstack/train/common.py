@@ -272,6 +272,8 @@ def make_callbacks(cfg: Config) -> list:
                 "elapsed_time": _hms(elapsed),
                 "remaining_time": _hms(remaining),
                 "total_tokens": state.num_input_tokens_seen or None,
+                # grpo/rloo: each reward's mean (TRL's rewards/<name>/mean), one curve per reward
+                **{k: v for k, v in logs.items() if k.startswith("rewards/") and k.endswith("/mean")},
             }
             with (Path(args.output_dir) / LOG_FILE).open("a") as fh:
                 fh.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")

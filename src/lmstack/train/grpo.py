@@ -5,9 +5,13 @@ and pushes up the answers that beat their group's mean; `pref_beta` weighs a KL 
 starting model (LoRA: the adapter disabled, no copy).
 
 Rewards: `reward_model` (an lmstack `stage: rm` output dir, scoring prompt + answer with its value
-head) and/or `reward_funcs`, comma-separated `pkg.module:function` or `path/to/file.py:function`;
-each is called as f(prompts=[...], completions=[...], completion_ids=[...], **kwargs) -> list[float].
-Prompts come from any instruction dataset rendered by our template (answers are not used).
+head) and/or `reward_funcs`, comma-separated shipped names (accuracy | format | length, train/rewards.py)
+or `pkg.module:function` / `path/to/file.py:function`; each is called as f(prompts=[...],
+completions=[...], completion_ids=[...], solution=[...], **kwargs) -> list[float], `reward_weights`
+weighs them. Prompts come from any instruction dataset rendered by our template; its answers are
+never trained on, only handed to the rewards as the `solution` column (the reference of `accuracy`).
+The loss, the clip range, the advantage scaling, the KL reference and the rewards are the run plan's
+(plan.rl, plan/decide_rl.py).
 tokenizer -> template -> data -> model -> adapter -> rewards -> trainer -> train -> save.
 """
 
@@ -18,11 +22,13 @@ from typing import Any
 
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
+from lmstack.config.errors import ConfigError
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import apply_speedups, load_model
 from lmstack.plan.runplan import RunPlan
 from lmstack.train import common, rlhf
+from lmstack.train.rewards import SOLUTION_COLUMN
 
 
 def run(plan: RunPlan) -> dict:
@@ -34,10 +40,14 @@ def run(plan: RunPlan) -> dict:
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
 
     def prompt_text(row: dict) -> dict:
-        return {"prompt": tokenizer.decode(row["input_ids"], skip_special_tokens=False)}
+        return {
+            "prompt": tokenizer.decode(row["input_ids"], skip_special_tokens=False),
+            SOLUTION_COLUMN: tokenizer.decode(row.get("solution_ids") or [], skip_special_tokens=True),
+        }
 
     train_ds = rlhf.to_dataset(data.train, prompt_text)
     eval_ds = rlhf.to_dataset(data.eval, prompt_text) if data.eval is not None else None
+    check_references(plan, train_ds)
     if cfg.finetuning.reward_model:
         reward_funcs.append(reward_model_func(cfg.finetuning.reward_model, tokenizer, device))
 
@@ -48,8 +58,6 @@ def run(plan: RunPlan) -> dict:
 
     g = cfg.generating
     config_cls, trainer_cls = TRAINERS[cfg.finetuning.stage]
-    # rloo only: GRPOConfig has no such field (GRPO always scales by the group std)
-    rloo_kwargs = {"normalize_advantages": cfg.finetuning.ppo_score_norm} if config_cls is RLOOConfig else {}
     args = rlhf.trl_config(
         plan,
         config_cls,
@@ -59,10 +67,10 @@ def run(plan: RunPlan) -> dict:
         top_p=g.top_p,
         top_k=g.top_k,
         repetition_penalty=g.repetition_penalty,
-        beta=cfg.finetuning.pref_beta,
         log_completions=False,
-        **rloo_kwargs,
+        **rl_kwargs(plan),
     )
+    rollout = tool_rollout(plan, template, tokenizer, train_ds)
     trainer = trainer_cls(
         model=model,
         reward_funcs=reward_funcs,
@@ -71,8 +79,67 @@ def run(plan: RunPlan) -> dict:
         eval_dataset=eval_ds,
         processing_class=tokenizer,
         callbacks=common.make_callbacks(cfg),
+        **({"rollout_func": rollout} if rollout is not None else {}),
     )
-    return common.train_and_save(plan, trainer, resume, ("reward",))
+    rlhf.drop_trl_ref_adapter(cfg, trainer.model)  # a fresh adapter: the adapter-off base is the reference
+    per_reward = tuple(f"rewards/{name}/mean" for name in trainer.reward_func_names)
+    return common.train_and_save(plan, trainer, resume, ("reward", *per_reward))
+
+
+def rl_kwargs(plan: RunPlan) -> dict[str, Any]:
+    """The run plan's RL decisions as TRL config fields (GRPOConfig's names; RLOOConfig has a subset)."""
+    rl = plan.rl
+    kwargs: dict[str, Any] = {
+        "beta": rl.beta,
+        "epsilon": rl.epsilon,
+        "epsilon_high": rl.epsilon_high,
+        "mask_truncated_completions": rl.mask_truncated_completions,
+        "num_iterations": rl.num_iterations,
+        "steps_per_generation": rl.steps_per_generation,
+        "reward_weights": list(rl.reward_weights),
+    }
+    if plan.stage.name == "rloo":
+        kwargs["normalize_advantages"] = rl.scale_rewards == "ppo_score_norm"
+    else:
+        kwargs |= {
+            "loss_type": rl.loss_type,
+            "scale_rewards": rl.scale_rewards,
+            "importance_sampling_level": rl.importance_sampling_level,
+        }
+    return kwargs
+
+
+def tool_rollout(plan: RunPlan, template: Any, tokenizer: Any, train_ds: Any) -> Any | None:
+    """tool_funcs -> the multi-turn rollout calling them (None without tools). Each tool must be described
+    to the model: its name in the prompts (the dataset's tools column), else refused before the load."""
+    specs = rlhf.split_specs(plan.cfg.finetuning.tool_funcs)
+    if not specs:
+        return None
+    from lmstack.train.tool_rollout import ToolRollout
+
+    funcs = [rlhf.import_reward_func(spec, "tool_funcs") for spec in specs]
+    tools = {f.__name__: f for f in funcs}
+    prompts = train_ds["prompt"]
+    for name in tools:
+        if not any(name in p for p in prompts):
+            raise ConfigError(
+                f"tool_funcs: no prompt describes the tool {name!r}, so the model cannot know to call it; give "
+                "the dataset a tools column (LLaMA-Factory's format: the tools' JSON schemas) that lists it"
+            )
+    g = plan.cfg.generating
+    return ToolRollout(template, tokenizer, tools, plan.rl.max_tool_calls, g.max_new_tokens)
+
+
+def check_references(plan: RunPlan, train_ds: Any) -> None:
+    """`accuracy` compares with the dataset's answers: a dataset without any is refused before the load."""
+    if "accuracy" in rlhf.split_specs(plan.cfg.finetuning.reward_funcs) and not any(
+        train_ds[SOLUTION_COLUMN]
+    ):
+        raise ConfigError(
+            f"reward_funcs: accuracy compares each answer with the dataset's reference answer, and "
+            f"{plan.cfg.data.dataset} has none; map its answer column as the response (alpaca: output) in "
+            "dataset_info.json"
+        )
 
 
 class _TemplatePrompts:

@@ -122,31 +122,47 @@ def split_specs(value: str | None) -> list[str]:
     return [s.strip() for s in (value or "").split(",") if s.strip()]
 
 
-def import_reward_func(spec: str) -> Callable:
+def import_reward_func(spec: str, field: str = "reward_funcs") -> Callable:
     """'pkg.module:function' or 'path/to/file.py:function' -> the function (errors name the field)."""
     module_name, _, func_name = spec.rpartition(":")
     if not module_name or not func_name:
-        raise ConfigError(f"reward_funcs: {spec!r} is not 'pkg.module:function' or 'file.py:function'")
+        raise ConfigError(f"{field}: {spec!r} is not 'pkg.module:function' or 'file.py:function'")
     try:
         if module_name.endswith(".py"):
             path = Path(module_name)
             if not path.is_file():
-                raise ConfigError(f"reward_funcs: file {module_name} not found (in {spec!r})")
+                raise ConfigError(f"{field}: file {module_name} not found (in {spec!r})")
             loaded = importlib.util.spec_from_file_location(f"lmstack_reward_{path.stem}", path)
             module = importlib.util.module_from_spec(loaded)
             loaded.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ConfigError(f"reward_funcs: cannot import {module_name} ({err}); check {spec!r}") from None
+        raise ConfigError(f"{field}: cannot import {module_name} ({err}); check {spec!r}") from None
     func = getattr(module, func_name, None)
     if not callable(func):
-        raise ConfigError(f"reward_funcs: {module_name} has no function {func_name!r} (in {spec!r})")
+        raise ConfigError(f"{field}: {module_name} has no function {func_name!r} (in {spec!r})")
     return func
 
 
 def reward_functions(cfg: Config) -> list[Callable]:
-    return [import_reward_func(spec) for spec in split_specs(cfg.finetuning.reward_funcs)]
+    """reward_funcs in order: a shipped name (accuracy | format | length, train/rewards.py) or a
+    'pkg.module:function' / 'file.py:function' spec."""
+    from lmstack.plan.decide_rl import SHIPPED_REWARDS
+    from lmstack.train.rewards import shipped_reward
+
+    out = []
+    for spec in split_specs(cfg.finetuning.reward_funcs):
+        if spec in SHIPPED_REWARDS:
+            out.append(shipped_reward(spec, cfg))
+        elif ":" not in spec:
+            raise ConfigError(
+                f"reward_funcs: {spec!r} is neither a shipped reward ({' | '.join(SHIPPED_REWARDS)}) nor "
+                "'pkg.module:function' / 'file.py:function'"
+            )
+        else:
+            out.append(import_reward_func(spec))
+    return out
 
 
 # ---- pre-flight: stage/field conflicts, checked before anything loads ----------------------------
@@ -178,8 +194,16 @@ def check_stage_config(cfg: Config) -> None:
     if ft.reward_funcs:
         if spec.needs_reward:
             reward_functions(cfg)  # import now: a typo fails before the model loads
+            if stage == "ppo" and "accuracy" in split_specs(ft.reward_funcs):
+                raise ConfigError(
+                    "reward_funcs: accuracy compares with the dataset's reference answers, which stage ppo does "
+                    "not hand to its rewards; use stage: grpo or rloo, or a reward of your own"
+                )
         else:
             logger.warning("reward_funcs: has no effect for stage %s (ppo and grpo use it)", stage)
+    if ft.tool_funcs and stage == "grpo":
+        for spec in split_specs(ft.tool_funcs):
+            import_reward_func(spec, "tool_funcs")  # import now: a typo fails before the model loads
     _check_reference(cfg)
     if ft.dpo_label_smoothing > 0 and (stage != "dpo" or ft.pref_loss != "sigmoid"):
         raise ConfigError(

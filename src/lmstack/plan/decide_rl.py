@@ -1,0 +1,153 @@
+"""The online-RL decisions of the run plan (stages grpo / rloo): the loss, the clip range, the advantage
+scaling, the KL reference, the rewards and their weights, and whether rollouts are reused or stale (and
+so corrected by the importance ratio). Taken once here; the stage hands them to TRL as they are.
+
+TRL 1.16 evidence for each (trl/trainer/grpo_trainer.py, rloo_trainer.py):
+- beta == 0: `self.ref_model = None` and the reference log-probs are never computed (no copy loaded,
+  no adapter-off forward); beta > 0 with LoRA: the adapter-off base (a fresh adapter) or a frozen "ref"
+  copy of a resumed adapter; full/freeze: TRL loads a frozen copy of model_name_or_path.
+- stale rollouts: `old_per_token_logps` is computed at generation time whenever
+  gradient_accumulation_steps % (steps_per_generation x num_iterations) != 0, and the clipped ratio
+  exp(logp - old_logp) is the importance weight; on-policy it is 1 (logp.detach()).
+- RLOO's loss is sequence-level (the answer's summed log-ratio), averaged over answers, and its KL
+  goes into the reward; it has no loss_type / scale_rewards / importance_sampling_level."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lmstack.config.errors import ConfigError
+from lmstack.config.schema import Config, FinetuningArgs
+from lmstack.config.stages import StageSpec
+
+RL_STAGES = ("grpo", "rloo")
+SHIPPED_REWARDS = ("accuracy", "format", "length")  # train/rewards.py
+# knobs GRPOConfig has and RLOOConfig lacks (RLOO scales its advantages with ppo_score_norm)
+GRPO_ONLY = (
+    "loss_type",
+    "scale_rewards",
+    "importance_sampling_level",
+    "tool_funcs",
+    "max_tool_calling_iterations",
+)
+RL_KNOBS = (
+    *GRPO_ONLY,
+    "epsilon",
+    "epsilon_high",
+    "mask_truncated_completions",
+    "num_iterations",
+    "steps_per_generation",
+    "reward_weights",
+    "tool_funcs",
+    "max_tool_calling_iterations",
+)
+REWARD_MODEL_NAME = "reward_model"  # the reward function TRL logs as rewards/reward_model/mean
+
+
+@dataclass(frozen=True)
+class RLPlan:
+    loss_type: str  # grpo | bnpo | dr_grpo | dapo; "rloo" for stage rloo (its own sequence-level loss)
+    epsilon: float  # ratio clipped to [1 - epsilon, 1 + epsilon_high]
+    epsilon_high: float
+    scale_rewards: str  # group | batch | none (rloo: "ppo_score_norm" or "none")
+    importance_sampling_level: str  # token | sequence
+    mask_truncated_completions: bool
+    beta: float
+    reference: str  # what the KL is measured to (or "none")
+    rewards: tuple[str, ...]  # as TRL names them in rewards/<name>/mean
+    reward_weights: tuple[float, ...]
+    num_iterations: int
+    steps_per_generation: int
+    stale: bool  # rollouts reused or from an older policy: the ratio to the sampling-time policy applies
+    tools: tuple[str, ...] = ()  # tool_funcs: multi-turn rollouts calling them (train/tool_rollout.py)
+    max_tool_calls: int | None = None
+
+    def label(self) -> str:
+        clip = (
+            f"{self.epsilon:g}"
+            if self.epsilon_high == self.epsilon
+            else f"{self.epsilon:g}/{self.epsilon_high:g}"
+        )
+        weights = ",".join(f"{w:g}" for w in self.reward_weights)
+        return (
+            f"{self.loss_type}, clip {clip}, scale {self.scale_rewards}, {self.importance_sampling_level} ratio, "
+            f"beta {self.beta:g}, rewards {'+'.join(self.rewards)} x ({weights})"
+            + (", masks truncated" if self.mask_truncated_completions else "")
+            + (
+                f", tools {'+'.join(self.tools)} (at most {self.max_tool_calls or 'max_new_tokens'})"
+                if self.tools
+                else ""
+            )
+        )
+
+    def reason(self) -> str:
+        ref = f"KL to {self.reference}" if self.beta > 0 else "pref_beta: 0, no KL term: no reference forward"
+        if self.stale:
+            ratio = (
+                f"rollouts serve {self.steps_per_generation} micro-steps x {self.num_iterations} passes: the ratio "
+                "to the sampling-time log-probs (recorded at generation) corrects the stale ones"
+            )
+        else:
+            ratio = "on-policy (each rollout used once in its own step): the ratio is 1"
+        tools = (
+            "; tool answers are observation turns in the template's format, masked from the loss"
+            if self.tools
+            else ""
+        )
+        return f"{ref}; {ratio}{tools}"
+
+
+def reward_names(ft: FinetuningArgs) -> tuple[str, ...]:
+    """The rewards in TRL's order (reward_funcs as listed, then the reward model), as TRL logs them:
+    a function by its __name__ (the shipped ones are named accuracy / format / length)."""
+    names = []
+    for spec in [s.strip() for s in (ft.reward_funcs or "").split(",") if s.strip()]:
+        names.append(spec if spec in SHIPPED_REWARDS else spec.rpartition(":")[2] or spec)
+    if ft.reward_model:
+        names.append(REWARD_MODEL_NAME)
+    return tuple(names)
+
+
+def reference(cfg: Config, stage: str) -> str:
+    ft = cfg.finetuning
+    if ft.pref_beta == 0:
+        return "none"
+    if ft.finetuning_type == "lora":
+        if cfg.model.adapter_name_or_path and stage in RL_STAGES:
+            return "the resumed adapter's frozen copy ('ref' adapter)"
+        return "the base model with the adapter disabled (no copy)"
+    return f"a frozen copy of {cfg.model.model_name_or_path}"
+
+
+def rl_plan(cfg: Config, spec: StageSpec) -> tuple[RLPlan | None, str]:
+    """The RL decisions of a grpo / rloo run (None for the other stages, whose fields rules.py checks)."""
+    if spec.name not in RL_STAGES:
+        return None, ""
+    ft, t = cfg.finetuning, cfg.training
+    names = reward_names(ft)
+    weights = tuple(ft.reward_weights) if ft.reward_weights else (1.0,) * len(names)
+    if ft.reward_weights and len(ft.reward_weights) != len(names):
+        raise ConfigError(
+            f"reward_weights: {len(ft.reward_weights)} weights for {len(names)} rewards "
+            f"({', '.join(names) or 'none'}); give one per reward_funcs entry, then one for reward_model"
+        )
+    steps = ft.steps_per_generation or t.gradient_accumulation_steps
+    rloo = spec.name == "rloo"
+    plan = RLPlan(
+        loss_type="rloo" if rloo else ft.loss_type,
+        epsilon=ft.epsilon,
+        epsilon_high=ft.epsilon_high if ft.epsilon_high is not None else ft.epsilon,
+        scale_rewards=("ppo_score_norm" if ft.ppo_score_norm else "none") if rloo else ft.scale_rewards,
+        importance_sampling_level="sequence" if rloo else ft.importance_sampling_level,
+        mask_truncated_completions=ft.mask_truncated_completions,
+        beta=ft.pref_beta,
+        reference=reference(cfg, spec.name),
+        rewards=names,
+        reward_weights=weights,
+        num_iterations=ft.num_iterations,
+        steps_per_generation=steps,
+        stale=t.gradient_accumulation_steps % (steps * ft.num_iterations) != 0,
+        tools=tuple(s.strip().rpartition(":")[2] for s in (ft.tool_funcs or "").split(",") if s.strip()),
+        max_tool_calls=ft.max_tool_calling_iterations,
+    )
+    return plan, plan.reason()
