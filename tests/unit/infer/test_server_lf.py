@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 from fastapi.testclient import TestClient
-from tests.unit.infer.test_server import FakeEngine, body, serving
+from tests.unit.infer.test_server import LOCAL, FakeEngine, body, serving
 
 from lmstack.infer.server import create_app
 
@@ -30,7 +30,7 @@ def test_any_model_name_is_served_and_echoed():
 
 
 def test_logit_bias_is_capped_at_openais_300_entries():
-    client = TestClient(create_app(TextEngine(tick=0.001), "m"))
+    client = TestClient(create_app(TextEngine(tick=0.001), "m"), base_url=LOCAL)
     bias = {str(i): 1.0 for i in range(301)}
     r = client.post("/v1/chat/completions", json=body("hi", logit_bias=bias))
     assert r.status_code == 400 and "logit_bias: 301 entries; at most 300" in r.json()["error"]["message"]
