@@ -212,8 +212,11 @@ def test_webui_refuses_an_open_address_without_a_login_and_names_the_extra(monke
     users = tmp_path / "users"
     users.write_text("# logins\n\nalice:pa:ss\n")
     assert webui.parse_auth(None, str(users)) == [("alice", "pa:ss")]
-    webui.check_bind("0.0.0.0", [("alice", "pa:ss")])
+    with pytest.raises(ConfigError, match="--auth: the password of 'alice' has 5 characters; on 0.0.0.0"):
+        webui.check_bind("0.0.0.0", [("alice", "pa:ss")])
+    webui.check_bind("0.0.0.0", [("alice", "pa:ss-long-enough")])
     webui.check_bind("127.0.0.2", [])
+    webui.check_bind("127.0.0.1", [("alice", "short")])  # loopback: any login
     users.write_text("alice\n")
     with pytest.raises(ConfigError, match="line 1: expected user:password"):
         webui.parse_auth(None, str(users))

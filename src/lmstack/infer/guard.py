@@ -63,6 +63,8 @@ class HostPolicy:
 
     bound: str = "127.0.0.1"
     allowed: tuple[str, ...] = ()
+    json_only: bool = True  # POST bodies must be JSON (the API; the web UI posts forms and uploads)
+    flag: str = "--allow-host NAME (or API_ALLOWED_HOSTS=NAME,...)"  # how to allow a name
 
     @property
     def names(self) -> list[str]:
@@ -77,7 +79,7 @@ class HostPolicy:
         """(status, message) when the request must not be answered, else None."""
         fix = (
             f"this server answers names {', '.join(self.names)}; if this is a name of your server, start "
-            "it with --allow-host NAME (or API_ALLOWED_HOSTS=NAME,...)"
+            f"it with {self.flag}"
         )
         host = headers.get("host", "")
         if _name(self.bound) not in WILDCARDS and not self.allows(_name(host)):
@@ -86,17 +88,25 @@ class HostPolicy:
                 f"through DNS rebinding); {fix}"
             )
         origin = headers.get("origin")
-        if origin is not None and not self.allows((urlsplit(origin).hostname or "").rstrip(".")):
+        if origin is not None and not self._origin_ok(origin, host):
             return 403, (
                 f"Origin: {origin[:80]!r}: a web page on another site may not call this server; {fix}"
             )
         kind = headers.get("content-type")
-        if method == "POST" and kind is not None and not _is_json(kind):
+        if self.json_only and method == "POST" and kind is not None and not _is_json(kind):
             return 415, (
                 f"Content-Type: {kind[:80]!r}; send the body as JSON with Content-Type: application/json "
                 "(other types are what a web page on another site can send without asking first)"
             )
         return None
+
+    def _origin_ok(self, origin: str, host: str) -> bool:
+        """A name this server answers, or the page's own origin on a wildcard bind (a browser on
+        another machine opened the server by its address; the login it needs there guards it)."""
+        parts = urlsplit(origin)
+        if self.allows((parts.hostname or "").rstrip(".")):
+            return True
+        return _name(self.bound) in WILDCARDS and parts.netloc.lower() == host.strip().lower() != ""
 
 
 def _is_json(content_type: str) -> bool:
