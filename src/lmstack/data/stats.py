@@ -80,6 +80,16 @@ def format_fields_cut(stats: DatasetStats) -> str:
     return f", {stats.fields_cut} fields cut to {stats.field_chars} characters before tokenizing"
 
 
+def truncation_warning(stats: DatasetStats, cutoff_len: int) -> str:
+    """A warning, not a note: rows cut to cutoff_len lose the answer's end (LF truncates silently,
+    and a small cutoff_len can leave one trained token a row)."""
+    return (
+        f"dataset {stats.name}: {stats.truncated} of {stats.kept} kept records are longer than "
+        f"cutoff_len={cutoff_len} and were truncated (their tokens past it are not trained); raise "
+        "cutoff_len if that is not intended (`lmstack check` shows the record lengths)"
+    )
+
+
 def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
     logger.info(
         "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d%s",
@@ -92,6 +102,8 @@ def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
         cutoff_len,
         format_fields_cut(stats),
     )
+    if stats.truncated:
+        logger.warning("%s", truncation_warning(stats, cutoff_len))
     for p in stats.problems[:MAX_LOGGED_PROBLEMS]:
         logger.warning("  %s", format_problem(p))
     if len(stats.problems) > MAX_LOGGED_PROBLEMS:

@@ -36,6 +36,7 @@ from lmstack.data.stats import (
     format_dropped,
     format_fields_cut,
     format_problem,
+    truncation_warning,
 )
 from lmstack.data.tokenized import TokenizedDataset
 
@@ -236,6 +237,8 @@ def format_report(report: dict, color: bool = False) -> str:
             )
         if "media" in d:
             lines.append(format_media(d["media"]))
+        if d["truncated"]:
+            lines.append(f"    warning: {truncation_warning(DatasetStats.from_dict(d), report['cutoff_len'])}")
         for p in d["problems"][:MAX_PRINTED_PROBLEMS]:
             lines.append(f"    problem: {format_problem(p)}")
         if len(d["problems"]) > MAX_PRINTED_PROBLEMS:
