@@ -33,6 +33,7 @@ class APIError(Exception):
 
 MAX_N = 16  # choices per request
 MAX_TOP_LOGPROBS = 20
+SEED_MAX = 2**63 - 1 - 16  # a torch.Generator takes 64-bit seeds; choice i samples with seed + i (n <= 16)
 MAX_LOGIT_BIAS = 300  # OpenAI's bound: each entry costs work at every decoding step
 UNSUPPORTED = ("functions", "function_call", "audio", "prediction", "web_search_options")
 
@@ -119,7 +120,7 @@ class Sampled(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     n: int = Field(1, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=SEED_MAX)  # int64, as OpenAI's; choice i adds i
     stop: str | list[str] | None = None
 
     def stops(self) -> list[str]:

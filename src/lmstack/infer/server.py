@@ -94,7 +94,14 @@ async def _read_json(request: Any, seconds: float) -> Any:
     if reading.cancelled_caught:
         raise APIError(408, f"request body not received within {seconds:g} s (lmstack api --read-timeout)")
     try:
-        return json.loads(body)
+        parsed = json.loads(body)
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")  # a lone surrogate ("\ud800") fails here
+        return parsed
+    except UnicodeEncodeError as err:
+        bad = err.object[err.start : err.end].encode("unicode_escape").decode()
+        raise APIError(
+            400, f"request body: a string holds {bad}, a lone surrogate; send valid Unicode"
+        ) from None
     except ValueError as err:
         raise APIError(400, f"request body is not valid JSON: {err}") from None
     except RecursionError:
@@ -361,11 +368,14 @@ def create_app(
 
 def _prompts(prompt: Any) -> list[Any]:
     """A completions `prompt` as a list of prompts (strings or token id lists)."""
-    if isinstance(prompt, str):
-        return [prompt]
+    if isinstance(prompt, str) or (prompt and all(isinstance(p, str) for p in prompt)):
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not all(prompts):
+            raise APIError(400, "prompt: an empty string; give the text to complete", param="prompt")
+        return prompts
     if prompt and all(isinstance(p, int) for p in prompt):
         return [prompt]
-    if not prompt:
+    if not prompt or not all(prompt):  # [] or [[]]: nothing to complete
         raise APIError(400, "prompt: empty", param="prompt")
     return list(prompt)
 
