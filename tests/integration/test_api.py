@@ -333,6 +333,27 @@ def test_tools_go_into_the_prompt_and_a_named_function_is_called(client, engine)
     assert follow.usage.prompt_tokens == len(engine.prompt_ids(turns, None, tools_json))
 
 
+def test_tool_choice_required_with_one_tool_calls_it_as_naming_it_does(client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    replies = [
+        client.chat.completions.create(
+            model=MODEL, messages=HELLO, tools=[TOOL], tool_choice=choice, max_tokens=CAP
+        ).choices[0]
+        for choice in ("required", named)
+    ]
+    assert [c.finish_reason for c in replies] == ["tool_calls"] * 2
+    calls = [c.message.tool_calls[0].function for c in replies]
+    assert calls[0].name == "get_weather" and calls[0].arguments == calls[1].arguments  # greedy
+
+
+def test_max_tokens_may_exceed_the_yamls_max_new_tokens_as_with_lf(client, engine):
+    longer = engine.generate(HELLO, max_new_tokens=4 * CAP)
+    assert longer.completion_tokens > CAP  # the tiny model runs on past the YAML's max_new_tokens
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4 * CAP)
+    assert reply.choices[0].message.content == longer.text
+    assert client.chat.completions.create(model=MODEL, messages=HELLO).usage.completion_tokens <= CAP
+
+
 def test_completions_endpoint(client, engine):
     prompts = ["Once upon a time", "The quick brown"]
     expected = [engine.generate_ids(engine.text_ids(p), max_new_tokens=6) for p in prompts]
@@ -373,13 +394,18 @@ def test_completions_endpoint(client, engine):
     "body, status, message",
     [
         (
-            {"prompt": "hi", "max_tokens": CAP + 1},
+            {"prompt": "hi", "max_tokens": 5000},
             400,
-            f"max_tokens: got {CAP + 1}; this server allows at most {CAP}",
+            "max_tokens: got 5000; this server allows at most 4096 (the model's context",
         ),
         ({"prompt": "hi", "echo": True}, 400, "echo: not supported"),
         ({"prompt": "hi", "best_of": 3}, 400, "best_of: got 3"),
         ({"prompt": []}, 400, "prompt: empty"),
+        (
+            {"prompt": ["a", "b"], "n": 9},
+            400,
+            "prompts x n: 2 x 9 = 18 sequences; this server generates at most 16 per request",
+        ),
         ({"prompt": [1, 10**9]}, 400, "prompt: token id 1000000000 is outside the vocabulary"),
         (
             {"prompt": "x" * 300_000},
@@ -427,9 +453,15 @@ TOOL = {
         ({"model": MODEL}, 422, "messages"),
         ({"model": MODEL, "messages": []}, 422, "messages"),
         (
-            {**GOOD, "max_tokens": CAP + 1},
+            {**GOOD, "max_tokens": 4097},
             400,
-            f"max_tokens: got {CAP + 1}; this server allows at most {CAP}",
+            "max_tokens: got 4097; this server allows at most 4096 (the model's context; the prompt's "
+            "tokens count against it too)",
+        ),
+        (
+            {**GOOD, "max_tokens": 4090},
+            400,
+            "messages: the prompt has 51 tokens; with max_tokens 4090 it exceeds the model's 4096-token context",
         ),
         ({**GOOD, "max_tokens": 0}, 422, "max_tokens"),
         ({**GOOD, "temperature": 5}, 422, "temperature"),
@@ -442,9 +474,9 @@ TOOL = {
             "response_format: type 'json_schema' is not supported",
         ),
         (
-            {**GOOD, "tool_choice": "required", "tools": [TOOL]},
+            {**GOOD, "tool_choice": "required", "tools": [TOOL, {**TOOL, "function": {"name": "other"}}]},
             400,
-            "tool_choice: 'required' is not supported",
+            "tool_choice: 'required' with 2 tools: lmstack api forces one named function",
         ),
         (
             {**GOOD, "tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [TOOL]},
@@ -580,22 +612,41 @@ def test_past_max_queue_the_api_answers_503_with_retry_after(limited):
     assert answer.status_code == 200  # the dropped ones left the queue
 
 
-def test_models_answers_while_big_prompts_are_tokenized(limited):
-    url, _ = limited
-    big = {**GOOD, "messages": [{"role": "user", "content": "hello world " * 80_000}]}  # 960 kB
-    replies: list[httpx.Response] = []
-    threads = in_threads(
-        lambda: replies.append(httpx.post(f"{url}/chat/completions", json=big, timeout=120)), *[()] * 10
-    )
-    stalls = []
-    while any(thread.is_alive() for thread in threads):  # /v1/models polled while they are handled
-        start = time.monotonic()
-        assert httpx.get(f"{url}/models", timeout=60).status_code == 200
-        stalls.append(time.monotonic() - start)
-        time.sleep(0.05)
-    assert max(stalls) < 1.0, f"/v1/models took up to {max(stalls):.2f} s while prompts were tokenized"
-    assert [r.status_code for r in replies] == [400] * 10
-    assert "this server allows at most 40000 (lmstack api --max-prompt-tokens)" in replies[0].text
+def test_models_answers_while_big_prompts_are_tokenized(api_cfg, tmp_path):
+    """A server with room for one request (--max-batch 1 --max-queue 0) tokenizes big prompts (960 kB,
+    refused by their token count after tokenizing) one after another. A small request sent meanwhile
+    gets a 503 naming the one request in progress: the event loop answered while that prompt was being
+    tokenized (admitted, not yet released). Were tokenization on the event loop, nothing could be
+    answered between a big prompt's admission and its release, and no 503 would come back."""
+    limits = ("--max-batch", "1", "--max-queue", "0", "--max-prompt-tokens", "40000")
+    url, proc = start_api(tmp_path, api_cfg, *limits, "--model-name", MODEL)
+    big = {**GOOD, "messages": [{"role": "user", "content": "hello world " * 80_000}]}
+    done, replies = threading.Event(), []
+
+    def post_big() -> None:
+        for _ in range(50):  # bounded; the answer below stops it early
+            replies.append(httpx.post(f"{url}/chat/completions", json=big, timeout=300))
+            if done.is_set():
+                return
+
+    try:
+        poster = in_threads(post_big, ())[0]
+        busy = None
+        while busy is None and poster.is_alive():
+            answer = httpx.post(f"{url}/chat/completions", json={**GOOD, "max_tokens": 1}, timeout=300)
+            assert answer.status_code in (200, 503), answer.text
+            busy = answer if answer.status_code == 503 else None
+        done.set()
+        poster.join()
+        assert busy is not None, "no request was answered while a big prompt was tokenized"
+        assert "server busy: 1 requests in progress" in busy.json()["error"]["message"]
+        assert httpx.get(f"{url}/models", timeout=300).status_code == 200
+    finally:
+        stop_api(proc)
+    print(f"{len(replies)} big prompts posted before a small request found one in progress")
+    refused = [r for r in replies if r.status_code != 503]  # a 503: the small one was in progress
+    assert refused and {r.status_code for r in refused} == {400}
+    assert "this server allows at most 40000 (lmstack api --max-prompt-tokens)" in refused[0].text
 
 
 def test_api_on_a_lora_training_yaml_serves_the_adapter_in_output_dir_under_its_name(base_cfg, tmp_path):

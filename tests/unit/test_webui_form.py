@@ -4,6 +4,7 @@ the run keeper and registry, progress read from trainer_log.jsonl, and `lmstack 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -212,8 +213,11 @@ def test_webui_refuses_an_open_address_without_a_login_and_names_the_extra(monke
     users = tmp_path / "users"
     users.write_text("# logins\n\nalice:pa:ss\n")
     assert webui.parse_auth(None, str(users)) == [("alice", "pa:ss")]
-    webui.check_bind("0.0.0.0", [("alice", "pa:ss")])
+    with pytest.raises(ConfigError, match="--auth: the password of 'alice' has 5 characters; on 0.0.0.0"):
+        webui.check_bind("0.0.0.0", [("alice", "pa:ss")])
+    webui.check_bind("0.0.0.0", [("alice", "pa:ss-long-enough")])
     webui.check_bind("127.0.0.2", [])
+    webui.check_bind("127.0.0.1", [("alice", "short")])  # loopback: any login
     users.write_text("alice\n")
     with pytest.raises(ConfigError, match="line 1: expected user:password"):
         webui.parse_auth(None, str(users))
@@ -268,3 +272,31 @@ def test_load_and_save_yaml_are_confined_to_the_working_and_allowed_folders(tmp_
         assert "outside the folders" in save("English", path, [], *raw)[0]
     assert not list(outside.glob("*.yaml"))
     assert "Saved" in save("English", "sub/z.yaml", [], *raw)[0] and (work / "sub" / "z.yaml").is_file()
+
+    # a YAML that holds a token is readable by its owner only; others keep the umask's mode
+    old = os.umask(0o022)
+    try:
+        assert "Saved" in save("English", "plain.yaml", [], *raw)[0]
+        raw[names.index("hf_hub_token")] = "hf_" + "a" * 30
+        (work / "token.yaml").write_text("old\n")
+        (work / "token.yaml").chmod(0o644)  # an existing file is narrowed too
+        assert "Saved" in save("English", "token.yaml", [], *raw)[0]
+    finally:
+        os.umask(old)
+    assert (work / "plain.yaml").stat().st_mode & 0o777 == 0o644
+    assert (work / "token.yaml").stat().st_mode & 0o777 == 0o600
+    assert "hf_hub_token" in (work / "token.yaml").read_text()
+
+
+def test_secrets_write_text_is_private_exactly_when_asked(tmp_path):
+    from lmstack.config.secrets import holds_secret, write_text
+
+    assert holds_secret({"hf_hub_token": "x" * 8}) and holds_secret({"default_system": "hf_" + "b" * 20})
+    assert not holds_secret({"hf_hub_token": None, "default_system": "be brief", "lora_rank": 8})
+    old = os.umask(0o022)
+    try:
+        write_text(tmp_path / "a", "x", private=True)
+        write_text(tmp_path / "b", "x", private=False)
+    finally:
+        os.umask(old)
+    assert [(tmp_path / n).stat().st_mode & 0o777 for n in "ab"] == [0o600, 0o644]

@@ -1,6 +1,8 @@
 """`lmstack api cfg.yaml [key=value ...] [--host H] [--port P] [--api-key K] [limits]`: an
 OpenAI-compatible server (FastAPI + uvicorn) for the model (+ adapters) with the training template.
-Limits: `--max-queue`, `--max-prompt-tokens`, `--max-tokens-limit` (see `lmstack.infer.server`)."""
+Limits: `--max-queue`, `--max-batch`, `--max-prompt-tokens`, `--max-tokens-limit`, `--max-request-tokens`,
+`--read-timeout`, `--stall-timeout`; `--allow-host` for Host / Origin names beyond loopback and the bound
+address (see `lmstack.infer.server` and `lmstack.infer.guard`)."""
 
 from __future__ import annotations
 
@@ -34,8 +36,17 @@ def cmd_api(args: argparse.Namespace) -> int:
     args.host, args.port = bind_address(args.host, args.port, dict(os.environ))
     api_key = args.api_key or os.environ.get("API_KEY") or None
     check_bind(args.host, api_key)  # before the model loads
+    hosts = [*args.allow_host, *filter(None, os.environ.get("API_ALLOWED_HOSTS", "").split(","))]
     limits = Limits(
-        args.max_queue, args.max_prompt_tokens, args.max_tokens_limit, args.max_batch, tuple(args.image_dir)
+        args.max_queue,
+        args.max_prompt_tokens,
+        args.max_tokens_limit,
+        args.max_batch,
+        tuple(args.image_dir),
+        args.max_request_tokens,
+        args.read_timeout,
+        args.stall_timeout,
+        tuple(h.strip() for h in hosts),
     )
     limits.check()
     cfg = load_infer_config(args.config, args.overrides)
@@ -107,7 +118,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-tokens-limit",
         type=int,
-        help="largest max_tokens a request may ask for; more gets HTTP 400 (default: max_new_tokens "
-        "of the YAML)",
+        help="largest max_tokens a request may ask for; more gets HTTP 400 (default: the model's "
+        "context; max_new_tokens of the YAML is the default of a request's max_tokens)",
+    )
+    p.add_argument(
+        "--max-request-tokens",
+        type=int,
+        default=defaults.max_request_tokens,
+        help="tokens one request may ask to generate, prompts x n x max_tokens; more gets HTTP 400 "
+        f"(default {defaults.max_request_tokens}; a request's prompts x n is at most --max-batch too)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=defaults.read_timeout,
+        help="seconds a client has to send a request's headers, and again its body; a slower one is "
+        f"disconnected (headers) or gets HTTP 408 (body) (default {defaults.read_timeout:g})",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=defaults.stall_timeout,
+        help="seconds a stream may wait on a client that stops reading before it is dropped and its "
+        f"place in the batch freed (default {defaults.stall_timeout:g})",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name requests may carry in Host and Origin besides localhost, 127.0.0.1, ::1 and the "
+        "bound address (repeatable; also env API_ALLOWED_HOSTS=a,b; '*' allows any): other names are "
+        "refused with HTTP 403, against DNS rebinding and cross-site requests from web pages",
     )
     p.set_defaults(func=cmd_api)

@@ -39,12 +39,22 @@ def _pair(text: str, where: str) -> tuple[str, str]:
 
 def check_bind(host: str, auth: list[tuple[str, str]]) -> None:
     from lmstack.infer.limits import is_loopback
+    from lmstack.webui.access import MIN_PASSWORD_CHARS
 
-    if not is_loopback(host) and not auth:
+    if is_loopback(host):
+        return
+    if not auth:
         raise ConfigError(
             f"--host {host}: not a loopback address; the web UI starts training and reads files on this "
             "machine, so listening there needs a login: add --auth user:password or --auth-file FILE"
         )
+    for user, password in auth:
+        if len(password) < MIN_PASSWORD_CHARS:
+            raise ConfigError(
+                f"--auth: the password of {user!r} has {len(password)} characters; on {host}, reachable "
+                f"from other machines, it needs at least {MIN_PASSWORD_CHARS} (make one with: python -c "
+                "'import secrets; print(secrets.token_urlsafe(12))'), or bind 127.0.0.1"
+            )
 
 
 def require_gradio() -> None:
@@ -62,7 +72,15 @@ def cmd_webui(args: argparse.Namespace) -> int:
     require_gradio()
     from lmstack.webui.app import launch
 
-    launch(args.host, args.port, auth, args.share_dir, args.lang, allow_dirs=args.allow_dir)
+    launch(
+        args.host,
+        args.port,
+        auth,
+        args.share_dir,
+        args.lang,
+        allow_dirs=args.allow_dir,
+        allow_hosts=args.allow_host,
+    )
     return 0
 
 
@@ -98,5 +116,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="DIR",
         help="a folder Load/Save YAML may use besides the working folder (repeatable)",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name requests may carry in Host and Origin besides localhost, 127.0.0.1, ::1 and the "
+        "bound address (repeatable; '*' allows any): other names get HTTP 403, against DNS rebinding "
+        "and cross-site pages",
     )
     p.set_defaults(func=cmd_webui)

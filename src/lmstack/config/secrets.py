@@ -123,3 +123,25 @@ def install() -> None:
 
         formatwarning._lmstack_redacting = True  # type: ignore[attr-defined]
         warnings.formatwarning = formatwarning
+
+
+def holds_secret(flat: dict[str, Any]) -> bool:
+    """A flat config with a value under a secret-looking key (hf_hub_token, ...) or a token-like
+    text anywhere (an hf_... token pasted into default_system)."""
+    if any(SECRET_NAME.search(str(k)) and v not in (None, "") for k, v in flat.items()):
+        return True
+    text = " ".join(str(v) for v in flat.values())
+    return any(pattern.search(text) for pattern in PATTERNS)
+
+
+def write_text(path: Any, text: str, private: bool) -> None:
+    """Writes `text` to `path`; `private`: readable by its owner only (0600, also when the file was
+    there before), since the umask (often 022) would let every local user read a token in it."""
+    if not private:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 from array import array
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from lmstack.data.stats import (
     encode_options,
     log_stats,
     no_valid_samples,
+    placeholders_in,
 )
 from lmstack.data.tokenized import TokenizedDataset
 
@@ -48,15 +50,17 @@ logger = logging.getLogger(__name__)
 _JOB: dict[str, Any] = {}
 
 
-def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int]:
+def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int, Counter]:
     """Encode records[start:end]. Returns (ragged {key: (int32 array, lengths)}, dense {key: list},
-    problems [(index, field, kind, reason)], truncated count, text fields cut before tokenizing)."""
+    problems [(index, field, kind, reason)], truncated count, text fields cut before tokenizing,
+    kept records per unfilled `{{name}}` placeholder)."""
     records, attr, tokenizer, template, opts = _JOB["job"]
     flat: dict[str, array] = {}  # int32 buffers: cheap to extend, zero-copy to numpy
     lengths: dict[str, list[int]] = {}
     dense: dict[str, list] = {}
     problems: list[tuple] = []
     truncated = fields_cut = 0
+    placeholders: Counter = Counter()
     for i in range(*bounds):
         raw = records[i]
         if raw.error:
@@ -72,6 +76,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int]:
             continue
         truncated += bool(was_cut)
         fields_cut += n_cut
+        placeholders.update(placeholders_in(raw.data))
         for key, value in sample.items():
             if isinstance(value, list | tuple):
                 flat.setdefault(key, array("i")).extend(value)
@@ -79,7 +84,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int]:
             else:
                 dense.setdefault(key, []).append(value)
     ragged = {k: (np.frombuffer(v, dtype=np.int32), lengths[k]) for k, v in flat.items()}
-    return ragged, dense, problems, truncated, fields_cut
+    return ragged, dense, problems, truncated, fields_cut, placeholders
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -115,7 +120,7 @@ def encode_records(
         _JOB.clear()
     ragged: dict[str, tuple[list, list]] = {}
     dense: dict[str, list] = {}
-    for part_ragged, part_dense, problems, truncated, fields_cut in results:
+    for part_ragged, part_dense, problems, truncated, fields_cut, placeholders in results:
         for key, (values, lens) in part_ragged.items():
             ragged.setdefault(key, ([], []))
             ragged[key][0].append(values)
@@ -124,6 +129,7 @@ def encode_records(
             dense.setdefault(key, []).extend(values)
         stats.truncated += truncated
         stats.fields_cut += fields_cut
+        stats.placeholders.update(placeholders)
         for idx, fld, kind, reason in problems:
             raw = records[idx]
             stats.dropped[kind] += 1

@@ -4,8 +4,10 @@ dropped (with the reason), how they are logged and reported, and the stage's enc
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from lmstack.config.errors import DataError
 from lmstack.config.schema import Config
@@ -29,6 +31,7 @@ class DatasetStats:
     problems: list[dict] = field(default_factory=list)  # file, position, field, kind, reason
     fields_cut: int = 0  # text fields cut to field_chars characters before tokenizing
     field_chars: int = 0
+    placeholders: Counter = field(default_factory=Counter)  # "{{name}}" -> kept records holding it
 
     def to_dict(self) -> dict:
         return {
@@ -40,6 +43,7 @@ class DatasetStats:
             "problems": self.problems,
             "fields_cut": self.fields_cut,
             "field_chars": self.field_chars,
+            "placeholders": dict(self.placeholders),
         }
 
     @classmethod
@@ -53,6 +57,7 @@ class DatasetStats:
             d["problems"],
             d.get("fields_cut", 0),  # absent from the reports written before the bound existed
             d.get("field_chars", 0),
+            Counter(d.get("placeholders", {})),
         )
 
 
@@ -80,6 +85,37 @@ def format_fields_cut(stats: DatasetStats) -> str:
     return f", {stats.fields_cut} fields cut to {stats.field_chars} characters before tokenizing"
 
 
+PLACEHOLDER = re.compile(r"\{\{\s*[A-Za-z_][A-Za-z0-9_]*\s*\}\}")
+
+
+def placeholders_in(record: Any) -> set[str]:
+    """The `{{name}}`-style placeholders in a record's strings (LF's identity.json ships `{{name}}`
+    and `{{author}}` for the user to replace before training)."""
+    if isinstance(record, str):
+        return set(PLACEHOLDER.findall(record)) if "{{" in record else set()
+    values = record.values() if isinstance(record, dict) else record if isinstance(record, list) else ()
+    return set().union(*(placeholders_in(v) for v in values))
+
+
+def placeholder_warning(stats: DatasetStats) -> str:
+    found = ", ".join(f"{name} ({n})" for name, n in stats.placeholders.most_common())
+    return (
+        f"dataset {stats.name}: records hold unfilled placeholders: {found} records; the model would "
+        "learn the braces as written. Replace them before training (LLaMA-Factory's identity.json "
+        "ships {{name}} and {{author}}: sed -i 's/{{name}}/MyModel/g; s/{{author}}/MyTeam/g' FILE)"
+    )
+
+
+def truncation_warning(stats: DatasetStats, cutoff_len: int) -> str:
+    """A warning, not a note: rows cut to cutoff_len lose the answer's end (LF truncates silently,
+    and a small cutoff_len can leave one trained token a row)."""
+    return (
+        f"dataset {stats.name}: {stats.truncated} of {stats.kept} kept records are longer than "
+        f"cutoff_len={cutoff_len} and were truncated (their tokens past it are not trained); raise "
+        "cutoff_len if that is not intended (`lmstack check` shows the record lengths)"
+    )
+
+
 def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
     logger.info(
         "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d%s",
@@ -92,6 +128,10 @@ def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
         cutoff_len,
         format_fields_cut(stats),
     )
+    if stats.truncated:
+        logger.warning("%s", truncation_warning(stats, cutoff_len))
+    if stats.placeholders:
+        logger.warning("%s", placeholder_warning(stats))
     for p in stats.problems[:MAX_LOGGED_PROBLEMS]:
         logger.warning("  %s", format_problem(p))
     if len(stats.problems) > MAX_LOGGED_PROBLEMS:

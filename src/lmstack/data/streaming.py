@@ -25,7 +25,14 @@ from lmstack.data.formats import RecordError, convert
 from lmstack.data.loader import RawRecord, read_records
 from lmstack.data.mix import interleave_order, parse_probs
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
-from lmstack.data.stats import DatasetStats, check_ranking, encode_options, log_stats, no_valid_samples
+from lmstack.data.stats import (
+    DatasetStats,
+    check_ranking,
+    encode_options,
+    log_stats,
+    no_valid_samples,
+    placeholders_in,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +86,7 @@ class StreamingDataset(_base_class()):  # type: ignore[misc]
         stats.kept += 1
         stats.truncated += bool(was_cut)
         stats.fields_cut += n_cut
+        stats.placeholders.update(placeholders_in(raw.data))
         return sample
 
     def samples(self) -> Iterator[dict]:

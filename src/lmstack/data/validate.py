@@ -36,6 +36,8 @@ from lmstack.data.stats import (
     format_dropped,
     format_fields_cut,
     format_problem,
+    placeholder_warning,
+    truncation_warning,
 )
 from lmstack.data.tokenized import TokenizedDataset
 
@@ -236,6 +238,12 @@ def format_report(report: dict, color: bool = False) -> str:
             )
         if "media" in d:
             lines.append(format_media(d["media"]))
+        if d["truncated"]:
+            lines.append(
+                f"    warning: {truncation_warning(DatasetStats.from_dict(d), report['cutoff_len'])}"
+            )
+        if d.get("placeholders"):
+            lines.append(f"    warning: {placeholder_warning(DatasetStats.from_dict(d))}")
         for p in d["problems"][:MAX_PRINTED_PROBLEMS]:
             lines.append(f"    problem: {format_problem(p)}")
         if len(d["problems"]) > MAX_PRINTED_PROBLEMS:

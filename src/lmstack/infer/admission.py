@@ -4,7 +4,9 @@
 for a place in the batch). `until_disconnect` watches the ASGI receive channel while a request
 waits or generates: when the client goes away it sets the request's cancel event (the engine stops
 at the next token) and cancels the waits. `event_stream` is a server-sent-events response that does
-the same for a stream and releases the request's admission however the response ends.
+the same for a stream and releases the request's admission however the response ends; a stream
+whose client stops reading (its write waits longer than `stall` seconds) is treated as a disconnect,
+since otherwise it would hold its batch place for as long as the client keeps the socket open.
 """
 
 from __future__ import annotations
@@ -75,10 +77,13 @@ async def until_disconnect(receive: Callable, gone: threading.Event) -> AsyncIte
         raise error
 
 
-def event_stream(events: AsyncIterator[str], gone: threading.Event, release: Callable[[], None]) -> Any:
-    """A `text/event-stream` response of `events`: on a disconnect `gone` is set and `events` is
-    closed; `release` runs however the response ends, also when it never starts."""
-    return _event_stream_type()(events, gone, release)
+def event_stream(
+    events: AsyncIterator[str], gone: threading.Event, release: Callable[[], None], stall: float = 30.0
+) -> Any:
+    """A `text/event-stream` response of `events`: on a disconnect, or a write that waits more than
+    `stall` seconds, `gone` is set and `events` is closed; `release` runs however the response ends,
+    also when it never starts."""
+    return _event_stream_type()(events, gone, release, stall)
 
 
 @functools.cache
@@ -87,15 +92,24 @@ def _event_stream_type() -> type:
     from starlette.responses import StreamingResponse
 
     class EventStream(StreamingResponse):
-        def __init__(self, events: AsyncIterator[str], gone: threading.Event, release: Callable[[], None]):
+        def __init__(
+            self, events: AsyncIterator[str], gone: threading.Event, release: Callable[[], None], stall: float
+        ):
             super().__init__(events, media_type="text/event-stream")
-            self.events, self.gone, self.release = events, gone, release
+            self.events, self.gone, self.release, self.stall = events, gone, release, stall
 
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            async def timed_send(message: Any) -> None:
+                with anyio.fail_after(self.stall):
+                    await send(message)
+
             try:
                 async with until_disconnect(receive, self.gone):
-                    await self.stream_response(send)
+                    await self.stream_response(timed_send)
             except OSError:  # ASGI 2.4 servers raise on sending to a closed connection
+                self.gone.set()
+            except TimeoutError:
+                logger.info("client stopped reading for %s s: stream dropped", self.stall)
                 self.gone.set()
             finally:
                 with anyio.CancelScope(shield=True):

@@ -22,6 +22,11 @@ class Limits:
     max_tokens: int | None = None
     max_batch: int = 16  # sequences decoded together (the transformers backend's batch)
     image_dirs: tuple[str, ...] = ()  # folders whose image files a request may name (--image-dir)
+    # tokens one request may ask to generate, summed over its sequences (prompts x n x max_tokens)
+    max_request_tokens: int = 1 << 18
+    read_timeout: float = 20.0  # seconds for a request's headers, and again for its body
+    stall_timeout: float = 30.0  # seconds a stream's write may wait on a client that does not read
+    allowed_hosts: tuple[str, ...] = ()  # more names for Host / Origin (--allow-host, "*": any)
 
     def check(self) -> None:
         for flag, value, low in (
@@ -29,9 +34,13 @@ class Limits:
             ("--max-prompt-tokens", self.max_prompt_tokens, 1),
             ("--max-tokens-limit", self.max_tokens, 1),
             ("--max-batch", self.max_batch, 1),
+            ("--max-request-tokens", self.max_request_tokens, 1),
         ):
             if value is not None and value < low:
                 raise ConfigError(f"{flag}: got {value}; give an integer of at least {low}")
+        for flag, seconds in (("--read-timeout", self.read_timeout), ("--stall-timeout", self.stall_timeout)):
+            if not 0 < seconds < float("inf"):
+                raise ConfigError(f"{flag}: got {seconds}; give a number of seconds above 0")
 
 
 def is_loopback(host: str) -> bool:

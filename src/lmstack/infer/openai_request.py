@@ -33,6 +33,7 @@ class APIError(Exception):
 
 MAX_N = 16  # choices per request
 MAX_TOP_LOGPROBS = 20
+SEED_MAX = 2**63 - 1 - 16  # a torch.Generator takes 64-bit seeds; choice i samples with seed + i (n <= 16)
 MAX_LOGIT_BIAS = 300  # OpenAI's bound: each entry costs work at every decoding step
 UNSUPPORTED = ("functions", "function_call", "audio", "prediction", "web_search_options")
 
@@ -119,7 +120,7 @@ class Sampled(BaseModel):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     n: int = Field(1, ge=1)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=SEED_MAX)  # int64, as OpenAI's; choice i adds i
     stop: str | list[str] | None = None
 
     def stops(self) -> list[str]:
@@ -308,6 +309,28 @@ def check_common(req: Sampled, default: int, cap: int, cap_source: str, wanted: 
     return wanted
 
 
+def check_work(prompts: int, n: int, max_tokens: int, max_batch: int, max_tokens_total: int) -> None:
+    """One request's work is bounded before it is queued: its sequences (prompts x n) fit in one
+    batch, and the tokens they may generate (x max_tokens) are at most --max-request-tokens, so a
+    small body cannot queue more work than the server's other clients get together."""
+    sequences = prompts * n
+    if sequences > max_batch:
+        raise APIError(
+            400,
+            f"prompts x n: {prompts} x {n} = {sequences} sequences; this server generates at most "
+            f"{max_batch} per request (lmstack api --max-batch): send fewer prompts or a smaller n",
+            param="n",
+        )
+    total = sequences * max_tokens
+    if total > max_tokens_total:
+        raise APIError(
+            400,
+            f"prompts x n x max_tokens: {prompts} x {n} x {max_tokens} = {total} tokens to generate; this "
+            f"server allows at most {max_tokens_total} per request (lmstack api --max-request-tokens)",
+            param="max_tokens",
+        )
+
+
 def check_request(req: ChatRequest, default: int, cap: int, cap_source: str) -> int:
     for name in UNSUPPORTED:
         if getattr(req, name) is not None:
@@ -365,14 +388,17 @@ def tool_choice(req: ChatRequest, tool_format: str) -> tuple[str | None, str | N
     tools = json.dumps([t.model_dump(exclude_none=True) for t in req.tools], ensure_ascii=False)
     if choice in (None, "auto", "none"):
         return tools, None
-    if choice == "required":
+    if choice == "required" and len(names) > 1:
         raise APIError(
             400,
-            "tool_choice: 'required' is not supported; name the function "
-            '({"type": "function", "function": {"name": ...}}) or use "auto"',
+            f"tool_choice: 'required' with {len(names)} tools: lmstack api forces one named function; "
+            'name it ({"type": "function", "function": {"name": ...}}), send only that tool, or use "auto"',
             param="tool_choice",
         )
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if choice == "required":  # one tool: calling a tool is calling that one
+        name = names[0]
+    else:
+        name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     if name not in names:
         raise APIError(
             400, f"tool_choice: names {name!r}, which is not among the tools {names}", param="tool_choice"

@@ -24,6 +24,21 @@ from lmstack.data.mm import (
 from lmstack.infer.sampling import Generation, Piece, Sampling
 
 IMAGE_COMMAND = "/image "
+# Pixels an image may have before it is decoded (its header gives the size): a small compressed file
+# can decode to gigabytes (a 12,000 x 12,000 PNG is 0.2 MB and 432 MB of RGB). 64 M pixels covers a
+# 48-megapixel photo; prompts use far fewer (the YAML's image_max_pixels resizes it down).
+MAX_IMAGE_PIXELS = 1 << 26
+
+
+def _decoded(image: Any, what: str) -> Any:
+    """`image` (opened, not decoded) as RGB, refused when it has more than MAX_IMAGE_PIXELS."""
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        raise ValueError(
+            f"{what}: {width} x {height} = {width * height} pixels; lmstack decodes at most "
+            f"{MAX_IMAGE_PIXELS} pixels per image: send a smaller image"
+        )
+    return image.convert("RGB")
 
 
 def open_image(source: str) -> Any:
@@ -39,10 +54,14 @@ def open_image(source: str) -> Any:
                 f"image_url: a data URL must be base64 (data:image/png;base64,...), got {head!r}"
             )
         try:
-            return Image.open(io.BytesIO(base64.b64decode(data, validate=True))).convert("RGB")
+            return _decoded(Image.open(io.BytesIO(base64.b64decode(data, validate=True))), "image_url")
         except (binascii.Error, UnidentifiedImageError):
             raise ValueError(
                 "image_url: the data URL holds no image that PIL reads (PNG, JPEG, WebP, ...)"
+            ) from None
+        except Image.DecompressionBombError:  # PIL's own bound, for sizes far above ours
+            raise ValueError(
+                f"image_url: the image has more pixels than lmstack decodes ({MAX_IMAGE_PIXELS} per image)"
             ) from None
     if "://" in source and not source.startswith("file://"):
         raise ValueError(
@@ -53,9 +72,13 @@ def open_image(source: str) -> Any:
         raise ValueError(f"image: {path}: no such file")
     try:
         with Image.open(path) as image:
-            return image.convert("RGB")
+            return _decoded(image, f"image: {path}")
     except UnidentifiedImageError:
         raise ValueError(f"image: {path}: not an image that PIL reads (PNG, JPEG, WebP, ...)") from None
+    except Image.DecompressionBombError:
+        raise ValueError(
+            f"image: {path}: more pixels than lmstack decodes ({MAX_IMAGE_PIXELS} per image)"
+        ) from None
 
 
 class VisionInputs:

@@ -94,8 +94,12 @@ def launch(
     lang: str = "en",
     block: bool = True,
     allow_dirs: list[str] | None = None,
+    allow_hosts: list[str] | None = None,
 ) -> gr.Blocks:
-    """Builds and serves the app (blocks until interrupted unless `block` is false)."""
+    """Builds and serves the app (blocks until interrupted unless `block` is false); requests whose
+    Host / Origin name another site, and login guessing, are refused (`webui/access.py`)."""
+    from lmstack.webui.access import middleware
+
     demo = build_app(share_dir, lang, allow_dirs)
     demo.queue(default_concurrency_limit=4)
     demo.launch(
@@ -112,6 +116,7 @@ def launch(
         pwa=False,
         footer_links=[],
         css=CSS,
+        app_kwargs={"middleware": middleware(host, tuple(allow_hosts or ()))},
     )
     login = f", login required ({len(auth)} user{'s' if len(auth) > 1 else ''})" if auth else ""
     print(

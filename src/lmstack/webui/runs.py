@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmstack.config import secrets
 from lmstack.config.errors import ConfigError
 from lmstack.webui.child import EXIT_FILE, PID_FILE, write_atomic
 from lmstack.webui.fields import to_yaml
@@ -175,7 +176,7 @@ class RunRegistry:
         for name in (EXIT_FILE, PID_FILE):
             (run_dir / name).unlink(missing_ok=True)
         config = run_dir / CONFIG_NAME
-        config.write_text(to_yaml(flat), encoding="utf-8")
+        secrets.write_text(config, to_yaml(flat), private=secrets.holds_secret(flat))
         train = [sys.executable, "-m", "lmstack.cli", "train", str(config)]
         cmd = [sys.executable, "-m", "lmstack.webui.child", str(run_dir), "--", *train]
         with (run_dir / LOG_NAME).open("a", encoding="utf-8") as log:

@@ -8,6 +8,7 @@ from typing import Any
 import gradio as gr
 import yaml
 
+from lmstack.config import secrets
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
 from lmstack.webui import actions, catalog
@@ -155,7 +156,7 @@ def _save(ui: Ui):
         text = to_yaml(flat)
         target = confine(path, ui.allowed)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        secrets.write_text(target, text, private=secrets.holds_secret(flat))
         return message(t("saved_yaml", lang, path=target)), text
 
     return run

@@ -100,6 +100,12 @@ def test_the_cut_is_logged_per_dataset_and_streaming_counts_it(
         "dataset big: 2 records, 2 kept, 0 dropped (none), 1 truncated to cutoff_len=64, "
         "1 fields cut to 2048 characters before tokenizing" in caplog.messages
     )
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warned] == [
+        "dataset big: 1 of 2 kept records are longer than cutoff_len=64 and were truncated (their tokens "
+        "past it are not trained); raise cutoff_len if that is not intended (`lmstack check` shows the "
+        "record lengths)"
+    ]
     stream = build_streaming(
         make_cfg(**{**cfg_fields(cfg), "streaming": True, "max_steps": 2}), tiny_tokenizer, qwen
     )

@@ -20,9 +20,10 @@ from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
 from lmstack.infer.limits import Limits, bind_socket, check_bind, is_loopback
 from lmstack.infer.sampling import Generation, Piece, Sampling
-from lmstack.infer.server import create_app
+from lmstack.infer.server import create_app, server_config
 
 LONG_KEY = "k" * 16
+LOCAL = "http://127.0.0.1"  # TestClient's own "testserver" is not a name a loopback server answers
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "127.0.0.2", "[::1]"])
@@ -65,12 +66,16 @@ class FakeEngine:
 
     tool_format = "qwen"
 
-    def __init__(self, max_new_tokens: int = 4, tick: float = 0.01, tokenize_seconds: float = 0.0):
+    def __init__(self, max_new_tokens: int = 4, tick: float = 0.01, hold_tokenizer: bool = False):
         self.cfg = build_config(
             {"model_name_or_path": "m", "output_dir": "o", "max_new_tokens": max_new_tokens}
         )
         self.max_length = None
-        self.tick, self.tokenize_seconds = tick, tokenize_seconds
+        self.tick = tick
+        self.tokenizing = threading.Event()  # set when a prompt's tokenization starts
+        self.tokenizer_free = threading.Event()  # tokenization waits for it (hold_tokenizer)
+        if not hold_tokenizer:
+            self.tokenizer_free.set()
         self.started: list[str] = []
         self.cancelled: list[str] = []
         self.tokenized = 0
@@ -80,7 +85,8 @@ class FakeEngine:
 
     def prompt_ids(self, messages, system=None, tools=None):
         self.tokenized += 1
-        time.sleep(self.tokenize_seconds)  # like tokenizers' encode, which releases the GIL
+        self.tokenizing.set()
+        self.tokenizer_free.wait(60)  # a long encode (tokenizers release the GIL while encoding)
         return [ord(c) for c in messages[-1]["content"]]
 
     def text_ids(self, text, special=True):
@@ -124,7 +130,10 @@ def serving(engine, *args, **kwargs):
 
     sock = bind_socket("127.0.0.1", 0)
     app = create_app(engine, "m", *args, **kwargs)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    config = server_config(
+        app, kwargs.get("limits", Limits()), log_level="warning", timeout_graceful_shutdown=2
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     wait_for(lambda: server.started)
@@ -153,7 +162,7 @@ def open_request(port: int, payload: dict) -> socket.socket:
     """Sends a chat request on a raw socket (close it to disconnect)."""
     data = json.dumps(payload).encode()
     sock = socket.create_connection(("127.0.0.1", port))
-    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     sock.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
     return sock
 
@@ -212,24 +221,26 @@ def test_past_max_queue_a_request_gets_503_with_retry_after():
 
 
 def test_the_event_loop_answers_while_prompts_are_tokenized():
-    engine = FakeEngine(tokenize_seconds=1.0)
+    """Tokenization is held until /v1/models has answered: were it run on the event loop, that answer
+    could not come (the request would time out) and the posts would fail."""
+    engine = FakeEngine(hold_tokenizer=True)
     with serving(engine) as port:
         base = f"http://127.0.0.1:{port}/v1"
         replies: list[int] = []
         posts = [
             threading.Thread(
                 target=lambda: replies.append(
-                    httpx.post(f"{base}/chat/completions", json=body("hi"), timeout=30).status_code
+                    httpx.post(f"{base}/chat/completions", json=body("hi"), timeout=60).status_code
                 )
             )
             for _ in range(2)
         ]
         for thread in posts:
             thread.start()
-        time.sleep(0.2)
-        start = time.monotonic()
-        assert httpx.get(f"{base}/models").status_code == 200
-        assert time.monotonic() - start < 0.5
+        assert engine.tokenizing.wait(30)
+        assert httpx.get(f"{base}/models", timeout=30).status_code == 200
+        assert not engine.tokenizer_free.is_set() and engine.tokenized >= 1  # answered mid-tokenization
+        engine.tokenizer_free.set()
         for thread in posts:
             thread.join()
     assert replies == [200, 200]
@@ -241,7 +252,7 @@ def post(client: TestClient, payload: dict) -> httpx.Response:
 
 def test_max_tokens_is_bounded_by_the_limit_and_defaults_to_the_yaml():
     engine = FakeEngine(max_new_tokens=4, tick=0.001)
-    client = TestClient(create_app(engine, "m", limits=Limits(max_tokens=50)))
+    client = TestClient(create_app(engine, "m", limits=Limits(max_tokens=50)), base_url=LOCAL)
     r = post(client, body("hi", max_tokens=51))
     assert r.status_code == 400
     assert r.json()["error"]["message"] == (
@@ -250,13 +261,32 @@ def test_max_tokens_is_bounded_by_the_limit_and_defaults_to_the_yaml():
     assert r.json()["error"]["code"] == "max_tokens_exceeded"
     assert post(client, body("hi", max_tokens=50)).json()["usage"]["completion_tokens"] == 50
     assert post(client, body("hi")).json()["usage"]["completion_tokens"] == 4
-    unset = TestClient(create_app(engine, "m")).post("/v1/chat/completions", json=body("hi", max_tokens=5))
-    assert unset.status_code == 400 and "at most 4 (max_new_tokens in its YAML" in unset.text
+    unset = TestClient(create_app(engine, "m"), base_url=LOCAL)
+    r = unset.post("/v1/chat/completions", json=body("hi", max_tokens=5))
+    assert r.status_code == 400 and "at most 4 (max_new_tokens in its YAML" in r.text  # no context known
+
+
+def test_max_tokens_may_reach_the_models_context_unless_the_limit_is_lower():
+    engine = FakeEngine(max_new_tokens=4, tick=0.0001)
+    engine.max_length = 64  # the model's context
+    client = TestClient(create_app(engine, "m"), base_url=LOCAL)
+    assert post(client, body("hi", max_tokens=60)).json()["usage"]["completion_tokens"] == 60
+    r = post(client, body("hi", max_tokens=65))
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "max_tokens: got 65; this server allows at most 64 (the model's context; the prompt's tokens "
+        "count against it too)"
+    )
+    r = post(client, body("hi", max_tokens=63))  # 2 prompt tokens + 63 > 64
+    assert r.status_code == 400 and r.json()["error"]["message"] == (
+        "messages: the prompt has 2 tokens; with max_tokens 63 it exceeds the model's 64-token context"
+    )
+    limited = TestClient(create_app(engine, "m", limits=Limits(max_tokens=10)), base_url=LOCAL)
+    assert "at most 10 (lmstack api --max-tokens-limit)" in post(limited, body("hi", max_tokens=11)).text
 
 
 def test_prompt_size_is_bounded_before_and_after_tokenizing():
     engine = FakeEngine(tick=0.001)  # one token per character
-    client = TestClient(create_app(engine, "m", limits=Limits(max_prompt_tokens=10)))
+    client = TestClient(create_app(engine, "m", limits=Limits(max_prompt_tokens=10)), base_url=LOCAL)
     r = post(client, body("x" * 321))
     assert r.status_code == 400
     assert r.json()["error"]["message"] == (
@@ -274,7 +304,7 @@ def test_prompt_size_is_bounded_before_and_after_tokenizing():
 
 @pytest.mark.parametrize("raw", [b"[" * 100_000, b'{"a":' * 100_000])
 def test_deeply_nested_json_is_a_400(raw):
-    client = TestClient(create_app(FakeEngine(), "m"), raise_server_exceptions=False)
+    client = TestClient(create_app(FakeEngine(), "m"), base_url=LOCAL, raise_server_exceptions=False)
     r = client.post("/v1/chat/completions", content=raw)
     assert r.status_code == 400
     assert r.json()["error"]["message"] == "request body is not valid JSON: nested too deeply"
@@ -288,7 +318,8 @@ class BrokenEngine(FakeEngine):
 
 
 def test_unexpected_failures_are_a_json_500_without_traceback():
-    client = TestClient(create_app(BrokenEngine(), "m", LONG_KEY), raise_server_exceptions=False)
+    app = create_app(BrokenEngine(), "m", LONG_KEY)
+    client = TestClient(app, base_url=LOCAL, raise_server_exceptions=False)
     r = client.post(
         "/v1/chat/completions",
         json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
@@ -305,7 +336,8 @@ def test_unexpected_failures_are_a_json_500_without_traceback():
 
 
 def test_a_failing_stream_reports_in_band_and_still_ends_with_done():
-    client = TestClient(create_app(BrokenEngine(), "m", LONG_KEY), raise_server_exceptions=False)
+    app = create_app(BrokenEngine(), "m", LONG_KEY)
+    client = TestClient(app, base_url=LOCAL, raise_server_exceptions=False)
     payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     r = client.post("/v1/chat/completions", json=payload, headers={"Authorization": f"Bearer {LONG_KEY}"})
     events = [e for e in r.text.split("\n\n") if e]
