@@ -37,7 +37,6 @@ def R(feature: str, lf_default: Any = None, hint: str = "") -> LFField:  # noqa:
 
 MM = "video/audio input and these image options (lmstack reads images for Qwen2-VL and LLaVA)"
 KT = "KTransformers CPU/AMX offload of MoE experts"
-RAY = "Ray-launched training"
 PROF = "the torch profiler"
 SWAN = "SwanLab's Lark (Feishu) notifications"
 EVAL = "`llamafactory-cli eval` multiple-choice benchmarks: MMLU, CMMLU, C-Eval"
@@ -122,11 +121,6 @@ LF_FIELDS: dict[str, LFField] = {
     # ---- §4 GeneratingArguments ----
     "max_length": D("a total-length generation cap; LF drops it when max_new_tokens > 0", 1024),
     "length_penalty": D("a beam-search length penalty", 1.0),
-    # ---- §5 RayArguments ----
-    "ray_num_workers": R(RAY, 1),
-    "ray_init_kwargs": R(RAY),
-    "master_addr": R(RAY, hint="torchrun reads MASTER_ADDR from the environment"),
-    "master_port": R(RAY, hint="torchrun reads MASTER_PORT from the environment"),
     # ---- §5 ProfilerArguments ----
     "enable_torch_profiler": D(PROF, False),
     "profiler_output_dir": R(PROF),
