@@ -25,6 +25,21 @@ def leaf_types(annotation: Any) -> list[Any]:
     return [annotation]
 
 
+def _typed_strings(value: Any) -> Any:
+    """Inside a mapping: "true"/"false" -> bool, "2" -> 2, "0.5" -> 0.5; anything else as it is."""
+    if isinstance(value, dict):
+        return {k: _typed_strings(v) for k, v in value.items()}
+    if not isinstance(value, str):
+        return value
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if value.isdigit():
+        return int(value)
+    if value.replace(".", "", 1).isdigit():
+        return float(value)
+    return value
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
@@ -649,12 +664,14 @@ class TrainingArgs(Section):
     @field_validator("ray_init_kwargs", mode="before")
     @classmethod
     def _ray_init_json(cls, value: object) -> object:
-        """LF reads `ray_init_kwargs` as a mapping or a JSON object string (`'{"num_cpus": 2}'`)."""
+        """LF reads `ray_init_kwargs` as a mapping or a JSON object string (`'{"num_cpus": 2}'`), whose
+        string values "true"/"false" and numbers become booleans and numbers (transformers' rule for
+        dict arguments given as JSON, which LF applies)."""
         if isinstance(value, str):
             if not value.strip().startswith("{"):
                 raise ValueError('write a mapping or a JSON object string like \'{"address": "auto"}\'')
             try:
-                return json.loads(value)
+                return _typed_strings(json.loads(value))
             except json.JSONDecodeError as err:
                 raise ValueError(
                     f"not valid JSON ({err.msg}); write a mapping like {{address: auto}}"

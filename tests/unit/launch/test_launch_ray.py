@@ -48,6 +48,8 @@ def test_ray_init_kwargs_json_string_is_a_mapping(base_cfg):
         {**base_cfg, "ray_init_kwargs": '{"address": "auto", "runtime_env": {"pip": ["emoji"]}}'}
     )
     assert cfg.training.ray_init_kwargs == {"address": "auto", "runtime_env": {"pip": ["emoji"]}}
+    typed = build_config({**base_cfg, "ray_init_kwargs": '{"num_cpus": "2", "log_to_driver": "false"}'})
+    assert typed.training.ray_init_kwargs == {"num_cpus": 2, "log_to_driver": False}
     with pytest.raises(ConfigError, match="ray_init_kwargs.*mapping or a JSON object string"):
         build_config({**base_cfg, "ray_init_kwargs": "address=auto"})
     with pytest.raises(ConfigError, match="ray_init_kwargs.*not valid JSON"):
