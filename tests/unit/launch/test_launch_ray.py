@@ -109,3 +109,21 @@ def test_unknown_ray_init_kwargs_are_refused_before_ray_starts():
         ConfigError, match="ray_init_kwargs: num_cpu is not a parameter of ray.init.*num_cpus"
     ):
         ray_launch.init_cluster({"num_cpu": 2}, {})
+
+
+def test_train_without_the_ray_package_stops_before_the_model_loads(base_cfg, tmp_path, monkeypatch):
+    """`lmstack train` under USE_RAY=1 on a machine without ray: the refusal names the install line and
+    nothing was loaded or written (the plan's checks run before the launch)."""
+    import importlib.util
+
+    from lmstack.train.run import train
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
+    )
+    monkeypatch.setenv("USE_RAY", "1")
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"pip install 'lmstack\[ray\]'"):
+        train(None, {**base_cfg, "output_dir": str(out), "ray_num_workers": 2})
+    assert not out.exists() or not any(out.iterdir())
