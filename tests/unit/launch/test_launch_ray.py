@@ -127,3 +127,25 @@ def test_train_without_the_ray_package_stops_before_the_model_loads(base_cfg, tm
     with pytest.raises(ConfigError, match=r"pip install 'lmstack\[ray\]'"):
         train(None, {**base_cfg, "output_dir": str(out), "ray_num_workers": 2})
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_cluster_checks_follow_lfs_rules(monkeypatch):
+    """No more workers than the cluster has devices of the run's kind; master_addr a live node."""
+    ray = pytest.importorskip("ray")
+    from lmstack.plan.runplan import RayPlan
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
+    nodes = [
+        {"NodeManagerAddress": "10.0.0.1", "NodeID": "head", "Alive": True},
+        {"NodeManagerAddress": "10.0.0.2", "NodeID": "gone", "Alive": False},
+    ]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    spec = RayPlan(num_workers=2, init_kwargs={}, master_addr=None, master_port=None, use_gpu=False)
+    assert ray_launch.check_cluster(spec) is None
+    assert ray_launch.check_cluster(replace(spec, master_addr="10.0.0.1")) == "head"
+    with pytest.raises(ConfigError, match=r"ray_num_workers: 3 workers need 3 CPUs .* the Ray cluster has 2"):
+        ray_launch.check_cluster(replace(spec, num_workers=3))
+    with pytest.raises(ConfigError, match=r"ray_num_workers: 2 workers need 2 GPUs .* has 1"):
+        ray_launch.check_cluster(replace(spec, use_gpu=True))
+    with pytest.raises(ConfigError, match=r"master_addr: 10.0.0.2 is not a live node .*live nodes: 10.0.0.1"):
+        ray_launch.check_cluster(replace(spec, master_addr="10.0.0.2"))
