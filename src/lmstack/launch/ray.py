@@ -7,13 +7,16 @@ output_dir as in any other run. lmstack builds it on Ray Train's `TorchTrainer`:
 torchrun worker's environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR,
 MASTER_PORT) and runs `lmstack train` with the same config, so the stages, checkpoints, resume and outputs
 are the torchrun ones. The process group is initialised by the worker as under torchrun (gloo on CPU with
-one CPU per worker, NCCL with one GPU per worker); Ray only places the workers and names the rendezvous.
+one CPU per worker, NCCL with one GPU per worker); Ray only places the workers (rank 0 on master_addr's
+node through a node label selector) and names the rendezvous. The workers get the driver's environment
+(the job's runtime_env, as LF hands its environment to its Ray workers), less the topology and devices.
 
 A worker that fails or dies ends the whole run (Ray Train's FailureConfig(max_failures=0)): the driver
-raises LmstackError naming the run's last complete checkpoint. Checkpoints are written atomically
+raises LmstackError saying the final outputs were not written and how to resume. Checkpoints are written atomically
 (reliability/checkpoint.py), and the final outputs only after the last step, so a killed run leaves
 complete checkpoints and no half-written output; `resume_from_checkpoint: auto` continues it. A Ray
-cluster this process started (no `address` in ray_init_kwargs) is shut down when the run ends.
+cluster this process started (no `address` in ray_init_kwargs, no RAY_ADDRESS) is shut down when the run
+ends.
 Ray's own run records go to a temporary folder (RunConfig.storage_path), not to output_dir. The workers
 read the config file and write output_dir through their own file system: on several nodes both must be
 on storage every node sees (as with LF).
