@@ -197,8 +197,8 @@ class RunPlan:
 
 
 def ray_plan(cfg: Config, ctx: LaunchContext, device: str) -> RayPlan | None:
-    """The Ray launch when this process starts one: USE_RAY=1 outside a launcher (a Ray worker runs the
-    job as a torchrun worker does: RANK/WORLD_SIZE are set and USE_RAY is not)."""
+    """The Ray launch when this process starts one: USE_RAY=1 outside a launcher. A Ray worker (USE_RAY=1
+    too, RANK/WORLD_SIZE set by launch/ray.py) runs the job as a torchrun worker does."""
     if not ctx.use_ray or ctx.under_launcher:
         return None
     t = cfg.training
