@@ -37,8 +37,9 @@ def R(feature: str, lf_default: Any = None, hint: str = "") -> LFField:  # noqa:
 
 MM = "video/audio input and these image options (lmstack reads images for Qwen2-VL and LLaVA)"
 KT = "KTransformers CPU/AMX offload of MoE experts"
-RAY = "Ray-launched training"
 PROF = "the torch profiler"
+OLD_RAY = "an older LLaMA-Factory Ray Train option, for where Ray keeps its own run records"
+OLD_RAY_HINT = "USE_RAY=1 writes the run to output_dir; Ray's records go to a temporary folder"
 SWAN = "SwanLab's Lark (Feishu) notifications"
 EVAL = "`llamafactory-cli eval` multiple-choice benchmarks: MMLU, CMMLU, C-Eval"
 MEGA = "the Megatron Bridge backend, USE_MEGATRON_BRIDGE=1"
@@ -122,11 +123,14 @@ LF_FIELDS: dict[str, LFField] = {
     # ---- §4 GeneratingArguments ----
     "max_length": D("a total-length generation cap; LF drops it when max_new_tokens > 0", 1024),
     "length_penalty": D("a beam-search length penalty", 1.0),
-    # ---- §5 RayArguments ----
-    "ray_num_workers": R(RAY, 1),
-    "ray_init_kwargs": R(RAY),
-    "master_addr": R(RAY, hint="torchrun reads MASTER_ADDR from the environment"),
-    "master_port": R(RAY, hint="torchrun reads MASTER_PORT from the environment"),
+    # ---- §5 RayArguments of older LF releases (its TorchTrainer launch); today's four are in schema.py ----
+    "ray_run_name": R(OLD_RAY, hint=OLD_RAY_HINT),
+    "ray_storage_path": R(OLD_RAY, "./saves", hint=OLD_RAY_HINT),
+    "ray_storage_filesystem": R(OLD_RAY, hint=OLD_RAY_HINT),
+    "resources_per_worker": R(
+        OLD_RAY, {"GPU": 1}, hint="USE_RAY=1 gives each worker one GPU, or one CPU on a CPU cluster"
+    ),
+    "placement_strategy": D("Ray Train placement strategies other than PACK", "PACK"),
     # ---- §5 ProfilerArguments ----
     "enable_torch_profiler": D(PROF, False),
     "profiler_output_dir": R(PROF),

@@ -25,6 +25,21 @@ def leaf_types(annotation: Any) -> list[Any]:
     return [annotation]
 
 
+def _typed_strings(value: Any) -> Any:
+    """Inside a mapping: "true"/"false" -> bool, "2" -> 2, "0.5" -> 0.5; anything else as it is."""
+    if isinstance(value, dict):
+        return {k: _typed_strings(v) for k, v in value.items()}
+    if not isinstance(value, str):
+        return value
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if value.isdigit():
+        return int(value)
+    if value.replace(".", "", 1).isdigit():
+        return float(value)
+    return value
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
@@ -696,6 +711,27 @@ class TrainingArgs(Section):
         description="FSDP2 all-gathers float8 weights (full fine-tuning with fp8 and fsdp_config {version: 2}; "
         "torchao's tensorwise recipe).",
     )
+    ray_num_workers: int = Field(
+        1,
+        ge=1,
+        description="USE_RAY=1: the Ray Train workers (one device each: a GPU, or 1 CPU on a CPU cluster).",
+    )
+    ray_init_kwargs: dict | None = Field(
+        None,
+        description="USE_RAY=1: keyword arguments of ray.init (address, num_cpus, runtime_env, ...); a "
+        "mapping or a JSON object string. Without `address` a local Ray cluster starts for the run.",
+    )
+    master_addr: str | None = Field(
+        None,
+        description="USE_RAY=1: the Ray node whose address hosts the process-group rendezvous (rank 0 runs "
+        "there); None = the node Ray places rank 0 on.",
+    )
+    master_port: int | None = Field(
+        None,
+        gt=0,
+        lt=65536,
+        description="USE_RAY=1: the rendezvous port; None = a free one on rank 0's node.",
+    )
     disable_tqdm: bool = Field(False, description="No progress bar.")
     use_cpu: bool = Field(False, description="Train on the CPU even if a GPU is visible.")
     on_nonfinite: Literal["abort", "skip"] = Field(
@@ -715,6 +751,23 @@ class TrainingArgs(Section):
             return None
         if isinstance(value, list | tuple):
             return " ".join(str(v) for v in value)
+        return value
+
+    @field_validator("ray_init_kwargs", mode="before")
+    @classmethod
+    def _ray_init_json(cls, value: object) -> object:
+        """LF reads `ray_init_kwargs` as a mapping or a JSON object string (`'{"num_cpus": 2}'`), whose
+        string values "true"/"false" and numbers become booleans and numbers (transformers' rule for
+        dict arguments given as JSON, which LF applies)."""
+        if isinstance(value, str):
+            if not value.strip().startswith("{"):
+                raise ValueError('write a mapping or a JSON object string like \'{"address": "auto"}\'')
+            try:
+                return _typed_strings(json.loads(value))
+            except json.JSONDecodeError as err:
+                raise ValueError(
+                    f"not valid JSON ({err.msg}); write a mapping like {{address: auto}}"
+                ) from None
         return value
 
     @field_validator("fp8_backend", mode="before")

@@ -2,8 +2,8 @@
 hardware and optional packages it sees, so the run plan decides from one snapshot.
 
 Everything the YAML alone does not say lives here: the process topology (RANK, LOCAL_RANK,
-WORLD_SIZE, NODE_RANK, NNODES, FORCE_TORCHRUN), an accelerate FSDP launch (ACCELERATE_USE_FSDP and
-its FSDP_* variables), the user's own CUDA caching-allocator settings (PYTORCH_ALLOC_CONF /
+WORLD_SIZE, NODE_RANK, NNODES, FORCE_TORCHRUN), a Ray Train launch (USE_RAY, LF's switch), an accelerate
+FSDP launch (ACCELERATE_USE_FSDP and its FSDP_* variables), the user's own CUDA caching-allocator settings (PYTORCH_ALLOC_CONF /
 PYTORCH_CUDA_ALLOC_CONF: they win over the plan's allocator decision), CUDA facts (devices, memory, bf16
 support) and which optional accelerator packages are importable. The run plan (plan/runplan.py) and every part below it read this frozen
 object instead of `os.environ` or `torch.cuda`.
@@ -26,6 +26,7 @@ OPTIONAL_PACKAGES = (
     "bitsandbytes",
     "unsloth",
     "torchao",
+    "ray",
 )
 # torch's caching-allocator settings (`key:value,...`); the unified name first (torch >= 2.9), then the CUDA one
 ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
@@ -66,6 +67,7 @@ class LaunchContext:
     nproc_per_node: int | None = None  # NPROC_PER_NODE for lmstack's own torchrun relaunch
     under_launcher: bool = False  # inside a torchrun / accelerate / deepspeed worker
     force_torchrun: bool = False
+    use_ray: bool = False  # USE_RAY=1 (LF's switch): the job runs on Ray Train workers (launch/ray.py)
     accelerate_fsdp: FsdpLaunch | None = None
     cuda: bool = False  # a CUDA device is visible
     gpu_count: int = 0
@@ -100,6 +102,7 @@ class LaunchContext:
             nproc_per_node=_int(env, "NPROC_PER_NODE", 0) or None,
             under_launcher="LOCAL_RANK" in env or "WORLD_SIZE" in env,
             force_torchrun=_true(env.get("FORCE_TORCHRUN", "0")),
+            use_ray=_true(env.get("USE_RAY", "0")),
             accelerate_fsdp=_fsdp_launch(env),
             cuda=cuda,
             gpu_count=count,

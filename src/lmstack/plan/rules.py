@@ -187,6 +187,48 @@ def deepspeed_installed(plan: RunPlan) -> str | None:
     return None
 
 
+RAY_INSTALL = "pip install 'lmstack[ray]'"
+
+
+def ray_installed(plan: RunPlan) -> str | None:
+    if plan.ray is not None and not plan.ctx.has("ray"):
+        raise ConfigError(
+            f"USE_RAY=1: training on Ray needs the `ray` package (Ray Train), which is not installed; "
+            f"{RAY_INSTALL}, or unset USE_RAY to train without Ray"
+        )
+    return None
+
+
+def ray_launch(plan: RunPlan) -> str | None:
+    """The Ray fields take effect under USE_RAY=1 only (LF's rule): set without it, they are refused
+    rather than ignored; USE_RAY=1 with FORCE_TORCHRUN=1 asks for two launchers."""
+    t, ctx = plan.cfg.training, plan.ctx
+    if ctx.use_ray and ctx.force_torchrun and not ctx.under_launcher:
+        raise ConfigError(
+            "USE_RAY=1 and FORCE_TORCHRUN=1 both ask to launch the workers; keep USE_RAY=1 (Ray Train starts "
+            "ray_num_workers processes) or FORCE_TORCHRUN=1 (torchrun starts NPROC_PER_NODE), not both"
+        )
+    if ctx.use_ray:
+        return None
+    given = [
+        f"{name}: {value}"
+        for name, value, default in (
+            ("ray_num_workers", t.ray_num_workers, 1),
+            ("ray_init_kwargs", t.ray_init_kwargs, None),
+            ("master_addr", t.master_addr, None),
+            ("master_port", t.master_port, None),
+        )
+        if value != default
+    ]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: these configure a Ray Train launch, which runs only with USE_RAY=1; "
+            "run `USE_RAY=1 lmstack train ...`, or remove them to train without Ray (torchrun reads "
+            "MASTER_ADDR / MASTER_PORT from the environment)"
+        )
+    return None
+
+
 def padding_in_the_loss(plan: RunPlan) -> str | None:
     if not plan.cfg.data.ignore_pad_token_for_loss:
         raise ConfigError(
@@ -434,7 +476,15 @@ RULES: list[Rule] = [
 ]
 # rules about this machine and this launch: `lmstack train` applies them, `lmstack check` (which may
 # run on another machine than the job) does not
-LAUNCH_RULES: list[Rule] = [fsdp_processes, deepspeed_installed, unsloth_installed, fp8_hardware, fp8_torchao]
+LAUNCH_RULES: list[Rule] = [
+    ray_launch,
+    ray_installed,
+    fsdp_processes,
+    deepspeed_installed,
+    unsloth_installed,
+    fp8_hardware,
+    fp8_torchao,
+]
 
 
 def check_rules(plan: RunPlan, launch: bool = True) -> tuple[list[str], list[str]]:

@@ -39,6 +39,17 @@ class FsdpPlan:
 
 
 @dataclass(frozen=True)
+class RayPlan:
+    """USE_RAY=1 in the launching process: the job runs on Ray Train workers (launch/ray.py)."""
+
+    num_workers: int
+    init_kwargs: dict  # ray.init's keyword arguments (ray_init_kwargs; {} = ray.init())
+    master_addr: str | None  # the node rank 0 is placed on (None: where Ray puts it)
+    master_port: int | None  # None: a free port on rank 0's node
+    use_gpu: bool  # one GPU per worker (NCCL), else one CPU per worker (gloo)
+
+
+@dataclass(frozen=True)
 class RunPlan:
     cfg: Config
     ctx: LaunchContext
@@ -68,6 +79,7 @@ class RunPlan:
     # the planner under gradient_checkpointing: auto; None = every layer (an explicit true, use_unsloth_gc)
     checkpoint_layers: int | None = None
     rl: decide_rl.RLPlan | None = None  # grpo / rloo: loss, clip, advantage scaling, KL reference, rewards
+    ray: RayPlan | None = None  # launched on Ray Train (USE_RAY=1), from this process
 
     @classmethod
     def resolve(cls, cfg: Config, ctx: LaunchContext, resolve_auto: bool = True) -> RunPlan:
@@ -185,6 +197,21 @@ class RunPlan:
         return "\n".join(lines)
 
 
+def ray_plan(cfg: Config, ctx: LaunchContext, device: str) -> RayPlan | None:
+    """The Ray launch when this process starts one: USE_RAY=1 outside a launcher. A Ray worker (USE_RAY=1
+    too, RANK/WORLD_SIZE set by launch/ray.py) runs the job as a torchrun worker does."""
+    if not ctx.use_ray or ctx.under_launcher:
+        return None
+    t = cfg.training
+    return RayPlan(
+        num_workers=t.ray_num_workers,
+        init_kwargs=dict(t.ray_init_kwargs or {}),
+        master_addr=t.master_addr,
+        master_port=t.master_port,
+        use_gpu=device == "cuda",
+    )
+
+
 def deepspeed_plan(ref: str | None, bf16: bool, fp16: bool) -> DeepSpeedPlan | None:
     """The DeepSpeed JSON, read and validated once (a path or a shipped template name)."""
     if not ref:
@@ -271,7 +298,12 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     dev, dev_why = decide.device(cfg, ctx)
     reasons: dict[str, str] = {"device": dev_why}
     notes: list[str] = []
-    world = ctx.planned_world_size(dev == "cuda")
+    ray, world = ray_plan(cfg, ctx, dev), ctx.planned_world_size(dev == "cuda")
+    if ray is not None:
+        world = ray.num_workers
+        reasons["world_size"] = (
+            f"USE_RAY=1: ray_num_workers Ray Train workers, one {'GPU' if ray.use_gpu else 'CPU'} each"
+        )
     fsdp = fsdp_plan(cfg, ctx)
     packed, reasons["packing"] = decide.packing(cfg, spec)
     attn, reasons["attention"] = decide.attention(cfg, ctx, dev, packed)
@@ -346,6 +378,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         reasons=reasons,
         notes=tuple(notes),
         rl=rl,
+        ray=ray,
     )
 
 

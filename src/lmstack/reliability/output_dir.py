@@ -30,8 +30,8 @@ run's, lists every change and refuses (ConfigError, exit 2) unless each one is s
   - speed, not results: dataloader_num_workers, ddp_timeout, overwrite_cache,
     preprocessing_num_workers, preprocessing_batch_size, gradient checkpointing
     (gradient_checkpointing, disable_gradient_checkpointing, use_reentrant_gc, use_unsloth_gc, the
-    plan's checkpointing and checkpoint_offload), the process count (the plan's world_size; trainer.py
-    warns that the run will not match an uninterrupted one);
+    plan's checkpointing and checkpoint_offload), the process count and its launcher (the plan's
+    world_size, the Ray fields; trainer.py warns that the run will not match an uninterrupted one);
   - on_nonfinite, nonfinite_skip_budget (a larger budget continues a run that used it up).
 Anything else (dataset, a data file's content, learning_rate, the model, LoRA settings, batch
 sizes, seed, precision, ...) changes what the checkpoint's steps would have trained. A checkpoint
@@ -98,7 +98,7 @@ SAFE_TO_CHANGE = frozenset(
     dataloader_num_workers ddp_timeout overwrite_cache preprocessing_num_workers preprocessing_batch_size
     gradient_checkpointing disable_gradient_checkpointing use_reentrant_gc use_unsloth_gc on_nonfinite
     nonfinite_skip_budget project use_swanlab swanlab_project swanlab_workspace swanlab_run_name swanlab_mode
-    swanlab_api_key swanlab_logdir""".split()
+    swanlab_api_key swanlab_logdir ray_num_workers ray_init_kwargs master_addr master_port""".split()
 )
 SAFE_TO_RAISE = frozenset({"max_steps", "num_train_epochs"})
 SAFE_DECISIONS = frozenset({"world_size", "checkpointing", "checkpoint_offload", "allocator"})
