@@ -167,7 +167,7 @@ def check_media_datasets(
     for name in ("packing", "neat_packing") if spec is not None else ():
         if getattr(cfg.data, name):
             raise ConfigError(
-                f"{name}: not available with the multimodal model {cfg.model.model_name_or_path}: it computes "
+                f"{name}: not available with the {'audio' if spec.plugin == 'qwen2_audio' else 'vision'} model {cfg.model.model_name_or_path}: it computes "
                 f"{'its 3D rope positions' if spec.plugin == 'qwen2_vl' else 'its positions'} per sample "
                 f"and packed rows would mix them; set {name}: false"
             )
