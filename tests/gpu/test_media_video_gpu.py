@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from media_files import write_video
 
 pytestmark = pytest.mark.gpu
@@ -24,7 +25,9 @@ def tiny_qwen2_vl(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,frames,size", [("a.mp4", 9, (96, 64)), ("b.avi", 6, (300, 120))])
-def test_video_grid_ids_and_pixels_equal_the_reference_video_processor(name, frames, size, tiny_qwen2_vl, tmp_path):
+def test_video_grid_ids_and_pixels_equal_the_reference_video_processor(
+    name, frames, size, tiny_qwen2_vl, tmp_path
+):
     from transformers import AutoProcessor
 
     from lmstack.data.media_video import VideoSpec, decode_video, patchify, video_spec

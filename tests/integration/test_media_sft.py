@@ -8,9 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-from media_files import demo_dir
 
 from lmstack.train.run import train
+from media_files import demo_dir
 
 MODEL_CLASS = {
     "qwen2_vl": "AutoModelForImageTextToText",

@@ -208,6 +208,9 @@ def video_inputs(decoded: list[Decoded], spec: VideoSpec) -> dict:
     }
     if spec.seconds_per_grid:
         out["second_per_grid_ts"] = torch.tensor(
-            [spec.temporal_patch_size / d.fps if d.fps else spec.temporal_patch_size / spec.fps for d in decoded]
+            [
+                spec.temporal_patch_size / d.fps if d.fps else spec.temporal_patch_size / spec.fps
+                for d in decoded
+            ]
         )
     return out

@@ -125,12 +125,18 @@ def expand_inference(messages: list[dict], videos: list[str], audios: list[str],
         if getattr(spec, noun) is None:
             raise ValueError(f"this {spec.model_type} model takes no {noun}")
         if not any(placeholder in m["content"] for m in messages):
-            messages = [dict(messages[0], content=placeholder * len(files) + messages[0]["content"])] + messages[1:]
+            messages = [
+                dict(messages[0], content=placeholder * len(files) + messages[0]["content"])
+            ] + messages[1:]
         example = {"prompt": messages, "response": []}
         if _count(example, placeholder) != len(files):
-            raise ValueError(f"{_count(example, placeholder)} {placeholder} placeholder(s) for {len(files)} {noun}(s)")
+            raise ValueError(
+                f"{_count(example, placeholder)} {placeholder} placeholder(s) for {len(files)} {noun}(s)"
+            )
         counts = [video_count(p, spec) if noun == "video" else audio_count(p, spec) for p in files]
-        messages = _expand(example, placeholder, counts, VIDEO_TOKENS if noun == "video" else AUDIO_TOKENS)["prompt"]
+        messages = _expand(example, placeholder, counts, VIDEO_TOKENS if noun == "video" else AUDIO_TOKENS)[
+            "prompt"
+        ]
     return messages
 
 

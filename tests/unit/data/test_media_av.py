@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from media_files import TAGS, demo_dir, write_audio, write_video
 
 from lmstack.config.errors import ConfigError, DataError
 from lmstack.config.load import build_config
 from lmstack.data.media_video import VideoSpec, patchify, sample_indices
 from lmstack.data.pipeline import build_datasets
 from lmstack.templates import get_template
+from media_files import TAGS, demo_dir, write_audio, write_video
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,9 @@ def test_a_decoded_video_has_lf_frame_count_doubled_to_even_and_lf_pixel_bounds(
                      proc_max_pixels=10**6)  # fmt: skip
     decoded = decode_video(str(path), spec, lambda im: im.resize((40, 30)))
     assert decoded.sampled == 3 and len(decoded.frames) == 4  # floor(3 s x 1 fps) = 3, odd: last doubled
-    assert decoded.frames[3] is decoded.frames[2] or decoded.frames[3].tobytes() == decoded.frames[2].tobytes()
+    assert (
+        decoded.frames[3] is decoded.frames[2] or decoded.frames[3].tobytes() == decoded.frames[2].tobytes()
+    )
     assert decoded.duration_s == pytest.approx(3.0, abs=0.3)
     assert all(f.size == (40, 30) for f in decoded.frames)
 
@@ -135,7 +137,9 @@ def test_video_tokens_match_the_grid_the_collator_feeds(tiny_media, base_cfg, tm
     batch = media_collator(cfg, tok, spec, load_image_processor)([bundle.train[i] for i in range(3)])
     video_id = tok.convert_tokens_to_ids("<|video_pad|>")
     grids = batch["video_grid_thw"].tolist()
-    assert [int((row == video_id).sum()) for row in batch["input_ids"]] == [video_seqlen(g, spec.video) for g in grids]
+    assert [int((row == video_id).sum()) for row in batch["input_ids"]] == [
+        video_seqlen(g, spec.video) for g in grids
+    ]
     # 1.25 s, 1.75 s, 2.25 s at video_fps 2: 2, 3 (doubled to 4), 4 frames (video_maxlen 4) -> 1, 2, 2
     assert [g[0] for g in grids] == [1, 2, 2]
     assert batch["pixel_values_videos"].shape[0] == sum(math.prod(g) for g in grids)
@@ -146,7 +150,9 @@ def test_video_tokens_match_the_grid_the_collator_feeds(tiny_media, base_cfg, tm
     assert json.loads(sample["videos"]) == [str((data / "mllm_demo_data" / "0.mp4").resolve())]
 
 
-def test_a_record_whose_video_tokens_cutoff_len_would_cut_is_dropped_and_counted(tiny_media, base_cfg, tmp_path):
+def test_a_record_whose_video_tokens_cutoff_len_would_cut_is_dropped_and_counted(
+    tiny_media, base_cfg, tmp_path
+):
     data = demo_dir(tmp_path, "videos")
     cfg = media_cfg(base_cfg, tiny_media["qwen2_vl"], data, "videos", cutoff_len=40)
     tok = tokenizer_of(tiny_media["qwen2_vl"])
@@ -188,14 +194,18 @@ def test_video_count_mismatch_and_missing_files_stop_the_run_naming_them(tiny_me
     data = _records(tmp_path, "videos", [rec, missing])
     tok = tokenizer_of(tiny_media["qwen2_vl"])
     with pytest.raises(DataError) as err:
-        build_datasets(media_cfg(base_cfg, tiny_media["qwen2_vl"], data, "videos"), tok, get_template("qwen2_vl", tok))
+        build_datasets(
+            media_cfg(base_cfg, tiny_media["qwen2_vl"], data, "videos"), tok, get_template("qwen2_vl", tok)
+        )
     msg = str(err.value)
     assert "2 record(s) with media problems" in msg
     assert "2 <video> placeholder(s) in the messages but 1 video file(s)" in msg
     assert "'nope.mp4': no such file" in msg
 
 
-def test_videos_and_audio_are_refused_by_name_where_the_model_cannot_take_them(tiny_media, base_cfg, tmp_path):
+def test_videos_and_audio_are_refused_by_name_where_the_model_cannot_take_them(
+    tiny_media, base_cfg, tmp_path
+):
     videos, audios = demo_dir(tmp_path / "v", "videos"), demo_dir(tmp_path / "a", "audios")
     cases = [
         (tiny_media["qwen2_audio"], videos, "videos", "has video input, but"),
@@ -267,7 +277,9 @@ def test_audio_ids_equal_qwen2_audio_processor_and_features_feed_the_model(tiny_
     assert torch.isfinite(out.loss)
 
 
-def test_a_record_whose_audio_tokens_cutoff_len_would_cut_is_dropped_and_counted(tiny_media, base_cfg, tmp_path):
+def test_a_record_whose_audio_tokens_cutoff_len_would_cut_is_dropped_and_counted(
+    tiny_media, base_cfg, tmp_path
+):
     data = demo_dir(tmp_path, "audios")  # 0.5 s, 0.75 s, 1 s: 13, 19, 25 audio tokens
     tok = tokenizer_of(tiny_media["qwen2_audio"])
     cfg = media_cfg(base_cfg, tiny_media["qwen2_audio"], data, "audios", cutoff_len=52)
