@@ -36,7 +36,10 @@ from lmstack.memory import model_facts
 logger = logging.getLogger(__name__)
 IMAGE_PLACEHOLDER = "<image>"
 MODEL_PLUGINS = {
-    "qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "llava": "llava", "qwen2_audio": "qwen2_audio",
+    "qwen2_vl": "qwen2_vl",
+    "qwen2_5_vl": "qwen2_vl",
+    "llava": "llava",
+    "qwen2_audio": "qwen2_audio",
 }  # fmt: skip  (model_type -> plugin)
 PLUGIN_TOKENS = {  # (before, image token, after) per image, as LLaMA-Factory's mm plugins write them
     "qwen2_vl": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),

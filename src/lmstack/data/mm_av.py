@@ -159,3 +159,29 @@ def finish_av(sample: dict, paths: dict[str, list[str]], tokens: dict[str, int],
 def sample_paths(feature: dict, key: str) -> list[str]:
     """The absolute media paths of one encoded sample's `videos` / `audios` column."""
     return json.loads(feature.get(key) or "[]")
+
+
+def av_stats(key: str, path_lists: list[str], rows: Any, tokenizer: Any) -> dict:
+    """`lmstack check`'s summary of a dataset's kept samples' videos / audio: files, samples with one,
+    and their tokens (from the ids, as training feeds them)."""
+    token_id = tokenizer.convert_tokens_to_ids((VIDEO_TOKENS if key == "videos" else AUDIO_TOKENS)[1])
+    per = [(len(json.loads(text)), sum(1 for t in rows[i]["input_ids"] if t == token_id))
+           for i, text in enumerate(path_lists)]  # fmt: skip
+    tokens = [n for files, n in per if files]
+    return {
+        "files": sum(files for files, _ in per),
+        "samples": len(tokens),
+        "tokens": sum(tokens),
+        "tokens_per_sample": {"min": min(tokens, default=0), "max": max(tokens, default=0)},
+    }
+
+
+def format_av(key: str, stats: dict) -> str:
+    """One line of `lmstack check`'s text report."""
+    if not stats["files"]:
+        return f"    {key}: none"
+    per = stats["tokens_per_sample"]
+    return (
+        f"    {key}: {stats['files']} in {stats['samples']} samples, {stats['tokens']} {key[:-1]} tokens "
+        f"({per['min']}..{per['max']} per sample, counted in the lengths)"
+    )

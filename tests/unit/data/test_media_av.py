@@ -280,7 +280,7 @@ def test_audio_ids_equal_qwen2_audio_processor_and_features_feed_the_model(tiny_
 def test_a_record_whose_audio_tokens_cutoff_len_would_cut_is_dropped_and_counted(
     tiny_media, base_cfg, tmp_path
 ):
-    data = demo_dir(tmp_path, "audios")  # 0.5 s, 0.75 s, 1 s: 13, 19, 25 audio tokens
+    data = demo_dir(tmp_path, "audios")  # 0.5 s, 0.75 s, 1 s: 12, 19, 25 audio tokens
     tok = tokenizer_of(tiny_media["qwen2_audio"])
     cfg = media_cfg(base_cfg, tiny_media["qwen2_audio"], data, "audios", cutoff_len=52)
     bundle = build_datasets(cfg, tok, get_template("qwen2_audio", tok))
@@ -298,3 +298,23 @@ def test_tiny_model_command_builds_the_audio_model(tmp_path):
     model = Qwen2AudioForConditionalGeneration.from_pretrained(tmp_path / "m")
     assert model.config.audio_token_index == AutoProcessor.from_pretrained(tmp_path / "m").audio_token_id
     assert type(AutoFeatureExtractor.from_pretrained(tmp_path / "m")).__name__ == "WhisperFeatureExtractor"
+
+
+@pytest.mark.parametrize("family,kind", [("qwen2_vl", "videos"), ("qwen2_audio", "audios")])
+def test_check_reports_videos_and_audio_with_their_tokens(family, kind, tiny_media, base_cfg, tmp_path):
+    from lmstack.data.validate import check_data, format_report
+
+    data = demo_dir(tmp_path, kind)
+    cfg = media_cfg(base_cfg, tiny_media[family], data, kind)
+    tok = tokenizer_of(tiny_media[family])
+    report = check_data(cfg, tok, get_template("qwen2_vl" if kind == "videos" else "qwen2_audio", tok))
+    entry = report["datasets"][0][kind]
+    # videos: 56x56 frames (1 temporal patch), 84x56 (2), 84x56 (2); audio: 0.5 s, 0.75 s, 1 s
+    expected = {"videos": [4, 12, 12], "audios": [12, 19, 25]}[kind]
+    assert entry == {
+        "files": 3,
+        "samples": 3,
+        "tokens": sum(expected),
+        "tokens_per_sample": {"min": min(expected), "max": max(expected)},
+    }
+    assert f"{kind}: 3 in 3 samples, {sum(expected)} {kind[:-1]} tokens" in format_report(report)
