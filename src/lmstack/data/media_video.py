@@ -96,13 +96,9 @@ def sample_indices(total_frames: int, duration_s: float | None, fps: float, maxl
 @dataclass
 class Decoded:
     frames: list[Any]  # PIL images, LF-regularized, an even number
-    sampled: int  # frames sampled before the odd one was doubled
-    duration_s: float | None
-
-    @property
-    def fps(self) -> float:
-        """Sampled frames per second (LLaMA-Factory's fps_per_video)."""
-        return self.sampled / self.duration_s if self.duration_s else 0.0
+    sampled: int  # frame indices sampled (before an odd count's last frame was doubled)
+    duration_s: float
+    fps: float  # LLaMA-Factory's fps_per_video: sample indices / duration (unknown duration: video_fps)
 
 
 def decode_video(path: str, spec: VideoSpec, frame_resize: Any) -> Decoded:
@@ -123,14 +119,13 @@ def decode_video(path: str, spec: VideoSpec, frame_resize: Any) -> Decoded:
         frames = [f.to_image() for i, f in enumerate(container.decode(stream)) if i in wanted]
     if not frames:
         raise ValueError(f"{path}: no frame decoded")
-    sampled = len(frames)
+    sampled = len(wanted)
+    fps = sampled / duration if duration else spec.fps
+    if duration is None:  # LF: an unknown duration counts at video_fps
+        duration = len(frames) / spec.fps
     if len(frames) % 2:
         frames.append(frames[-1])
-    fps = spec.fps if duration is None else None
-    out = Decoded([frame_resize(f) for f in frames], sampled, duration)
-    if fps is not None:  # LF: an unknown duration counts at video_fps
-        out.duration_s = sampled / fps
-    return out
+    return Decoded([frame_resize(f) for f in frames], sampled, duration, fps)
 
 
 # ---- the processor's part: resize, normalize, patchify ------------------------------------------------

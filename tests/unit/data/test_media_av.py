@@ -318,3 +318,37 @@ def test_check_reports_videos_and_audio_with_their_tokens(family, kind, tiny_med
         "tokens_per_sample": {"min": min(expected), "max": max(expected)},
     }
     assert f"{kind}: 3 in 3 samples, {sum(expected)} {kind[:-1]} tokens" in format_report(report)
+
+
+def test_a_record_with_an_image_and_a_video_feeds_both_to_qwen2_vl(tiny_media, base_cfg, tmp_path):
+    """Images (1) and video tokens (2) in mm_token_type_ids, both grids, and the model's forward takes
+    the batch (its rope index walks the image and the video grids in text order)."""
+    import torch
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from lmstack.data.mm import media_spec
+    from lmstack.data.mm_av_collate import media_collator
+    from lmstack.models.vision import load_image_processor
+
+    Image.new("RGB", (60, 40), (200, 30, 30)).save(tmp_path / "a.png")
+    write_video(tmp_path / "v.mp4", frames=8, size=(64, 48))
+    messages = [
+        {"role": "user", "content": "<image>Is this the colour of the video <video>?"},
+        {"role": "assistant", "content": "No."},
+    ]
+    (tmp_path / "d.json").write_text(
+        json.dumps([{"messages": messages, "images": ["a.png"], "videos": ["v.mp4"]}])
+    )
+    columns = {"messages": "messages", "images": "images", "videos": "videos"}
+    entry = {"file_name": "d.json", "formatting": "sharegpt", "tags": TAGS, "columns": columns}
+    (tmp_path / "dataset_info.json").write_text(json.dumps({"mllm_video_demo": entry}))
+    cfg = media_cfg(base_cfg, tiny_media["qwen2_vl"], tmp_path, "videos")
+    tok = tokenizer_of(tiny_media["qwen2_vl"])
+    data = build_datasets(cfg, tok, get_template("qwen2_vl", tok)).train
+    batch = media_collator(cfg, tok, media_spec(cfg), load_image_processor)([data[0]])
+    assert {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"} <= set(batch)
+    assert set(batch["mm_token_type_ids"].unique().tolist()) == {0, 1, 2}
+    model = AutoModelForImageTextToText.from_pretrained(tiny_media["qwen2_vl"])
+    with torch.no_grad():
+        assert torch.isfinite(model(**batch).loss)
