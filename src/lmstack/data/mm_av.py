@@ -56,8 +56,8 @@ def _count(example: dict, placeholder: str) -> int:
     return sum(m["content"].count(placeholder) for m in example["prompt"] + example["response"])
 
 
-def _unreadable(column: str, path: str, err: Exception) -> RecordError:
-    return RecordError(column, "unreadable media file", f"{path}: {type(err).__name__}: {err}")
+def _unreadable(field: str, path: str, err: Exception) -> RecordError:
+    return RecordError(field, "unreadable media file", f"{path}: {type(err).__name__}: {err}")
 
 
 def expand_av(example: dict, spec: Any) -> tuple[dict, dict[str, list[str]], dict[str, int]]:
@@ -80,11 +80,11 @@ def expand_av(example: dict, spec: Any) -> tuple[dict, dict[str, list[str]], dic
         if not files:
             continue
         counts = []
-        for path in files:
+        for i, path in enumerate(files):
             try:
                 counts.append(video_count(path, spec) if noun == "video" else audio_count(path, spec))
             except (OSError, ValueError, RuntimeError) as err:  # av / soundfile errors derive from these
-                raise _unreadable(column, path, err) from None
+                raise _unreadable(f"{column}[{i}]", path, err) from None
         example = _expand(example, placeholder, counts, VIDEO_TOKENS if noun == "video" else AUDIO_TOKENS)
         paths[key], tokens[key] = files, sum(counts)
     return example, paths, tokens

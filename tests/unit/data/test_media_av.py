@@ -352,3 +352,19 @@ def test_a_record_with_an_image_and_a_video_feeds_both_to_qwen2_vl(tiny_media, b
     model = AutoModelForImageTextToText.from_pretrained(tiny_media["qwen2_vl"])
     with torch.no_grad():
         assert torch.isfinite(model(**batch).loss)
+
+
+@pytest.mark.parametrize(
+    "family,kind,name", [("qwen2_vl", "videos", "bad.mp4"), ("qwen2_audio", "audios", "bad.wav")]
+)
+def test_an_unreadable_media_file_stops_the_run_naming_it(family, kind, name, tiny_media, base_cfg, tmp_path):
+    (tmp_path / name).write_text("not media")
+    placeholder = "<video>" if kind == "videos" else "<audio>"
+    rec = {
+        "messages": [{"role": "user", "content": placeholder + "hi"}, {"role": "assistant", "content": "ok"}]
+    }
+    data = _records(tmp_path, kind, [{**rec, kind: [name]}])
+    tok = tokenizer_of(tiny_media[family])
+    template = get_template("qwen2_vl" if kind == "videos" else "qwen2_audio", tok)
+    with pytest.raises(DataError, match=f"1 record\\(s\\) with media problems:\n.*{kind}\\[0\\]: .*{name}"):
+        build_datasets(media_cfg(base_cfg, tiny_media[family], data, kind), tok, template)
