@@ -123,17 +123,20 @@ def build_tiny_model(
 
 
 # ---- tiny vision-language models (`lmstack tiny-model DIR --vision qwen2_vl|llava`) -----------------
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava")
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "qwen2_audio")
 # the special tokens each family's processor writes for an image (Qwen2-VL: start, pads, end)
 VISION_TOKENS = {
     "qwen2_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
     "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
     "llava": ["<image>"],
+    "qwen2_audio": ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"],
 }
 TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 # image processor bounds of the tiny Qwen2-VL: 4..16 merged tokens per image (56x56 .. 112x112 pixels)
 TINY_QWEN2_VL_PIXELS = dict(min_pixels=56 * 56, max_pixels=112 * 112)
 TINY_LLAVA_IMAGE = 28  # CLIP input size: (28 / 14)^2 = 4 image tokens
+# video processor bounds of the tiny Qwen2-VL: frames of 56x56 .. 112x112 pixels, as its images
+TINY_QWEN2_VL_VIDEO = dict(TINY_QWEN2_VL_PIXELS)
 
 
 def _qwen2_vl_parts(tokenizer, text_dims: dict, v2_5: bool = False):
@@ -194,6 +197,74 @@ def _qwen2_vl_parts(tokenizer, text_dims: dict, v2_5: bool = False):
     return config, Qwen2VLImageProcessorPil(**TINY_QWEN2_VL_PIXELS), processor
 
 
+def _qwen2_vl_video_config(v2_5: bool) -> dict:
+    """video_preprocessor_config.json of the tiny Qwen2-VL, written as JSON: transformers' video processor
+    class needs torchvision to be built, but its saved config is plain data (lmstack reads it itself)."""
+    from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+
+    return {
+        "video_processor_type": "Qwen2VLVideoProcessor",
+        "processor_class": "Qwen2_5_VLProcessor" if v2_5 else "Qwen2VLProcessor",
+        "do_resize": True,
+        "resample": 3,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(OPENAI_CLIP_MEAN),
+        "image_std": list(OPENAI_CLIP_STD),
+        "do_convert_rgb": True,
+        "do_sample_frames": False,
+        "size": {
+            "shortest_edge": TINY_QWEN2_VL_VIDEO["min_pixels"],
+            "longest_edge": TINY_QWEN2_VL_VIDEO["max_pixels"],
+        },
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+    }
+
+
+def _qwen2_audio_parts(tokenizer, text_dims: dict):
+    """Qwen2-Audio: a Whisper-style audio encoder (128 mel bins, its 30 s window), the projector and a
+    Qwen2 language model; the Whisper feature extractor of the real model's settings."""
+    from transformers import Qwen2AudioConfig, WhisperFeatureExtractor
+
+    config = Qwen2AudioConfig(
+        audio_config=dict(
+            model_type="qwen2_audio_encoder",
+            num_mel_bins=128,
+            encoder_layers=TINY_VISION["num_hidden_layers"],
+            encoder_attention_heads=TINY_VISION["num_attention_heads"],
+            encoder_ffn_dim=TINY_VISION["intermediate_size"],
+            d_model=TINY_VISION["hidden_size"],
+            max_source_positions=1500,
+            initializer_range=text_dims.get("initializer_range", 0.02),
+        ),
+        text_config=dict(
+            model_type="qwen2",
+            vocab_size=len(tokenizer),
+            max_position_embeddings=4096,
+            bos_token_id=None,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+            **text_dims,
+        ),
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
+        tie_word_embeddings=True,
+    )
+    extractor = WhisperFeatureExtractor(
+        feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=30, n_fft=400
+    )
+    processor = {
+        "processor_class": "Qwen2AudioProcessor",
+        "audio_token": "<|AUDIO|>",
+        "audio_bos_token": "<|audio_bos|>",
+        "audio_eos_token": "<|audio_eos|>",
+    }
+    return config, extractor, processor
+
+
 def _llava_parts(tokenizer, text_dims: dict):
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 
@@ -248,16 +319,26 @@ def build_tiny_vision_model(
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS[family]})
     if family == "llava":
         config, image_processor, processor = _llava_parts(tokenizer, dict(TINY_DIMS))
+    elif family == "qwen2_audio":
+        config, image_processor, processor = _qwen2_audio_parts(tokenizer, dict(TINY_DIMS))
     else:
         config, image_processor, processor = _qwen2_vl_parts(
             tokenizer, dict(TINY_DIMS), family == "qwen2_5_vl"
         )
     torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    if family == "qwen2_audio":  # not an image-text-to-text model: its own class
+        from transformers import Qwen2AudioForConditionalGeneration
+
+        model = Qwen2AudioForConditionalGeneration._from_config(config, dtype=torch.float32)
+    else:
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     image_processor.save_pretrained(out)  # preprocessor_config.json: loads without torchvision
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    if family in ("qwen2_vl", "qwen2_5_vl"):
+        video = _qwen2_vl_video_config(family == "qwen2_5_vl")
+        (out / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
     return out

@@ -72,7 +72,7 @@ def test_lf_merge_and_inference_yamls_use_the_trained_adapter(tmp_path, tiny_mod
         ({"use_unsloth": True}, "use_unsloth: true needs a CUDA GPU"),
         ({"use_kt": True}, "not available in lmstack"),
         ({"infer_backend": "vllm"}, "infer_backend: vllm serves chat/api only; train and eval need"),
-        ({"video_fps": 1.0}, "not available in lmstack"),
+        ({"use_audio_in_video": True}, "not available in lmstack"),
         ({"tensor_model_parallel_size": 2}, "not available in lmstack"),
     ],
 )

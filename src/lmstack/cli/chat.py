@@ -50,7 +50,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     cfg = load_infer_config(args.config, args.overrides)
     engine = load_engine(cfg)  # infer_backend: huggingface | vllm | sglang
-    chat_loop(session_for(engine) or ChatSession(engine))  # a vision model: `/image PATH` attaches one
+    # a vision model: `/image PATH` attaches one (Qwen2-VL: `/video PATH` too; Qwen2-Audio: `/audio PATH`)
+    chat_loop(session_for(engine) or ChatSession(engine))
     return 0
 
 

@@ -379,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"], help="architecture")
     p.add_argument(
         "--vision",
-        choices=["qwen2_vl", "qwen2_5_vl", "llava"],
-        help="a vision-language model instead (image processor too)",
+        choices=["qwen2_vl", "qwen2_5_vl", "llava", "qwen2_audio"],
+        help="a vision-language (or Qwen2-Audio) model instead, with its image processor / feature extractor",
     )
     p.set_defaults(func=cmd_tiny_model)
 

@@ -35,7 +35,7 @@ def R(feature: str, lf_default: Any = None, hint: str = "") -> LFField:  # noqa:
     return LFField(REFUSED, feature, lf_default, hint)
 
 
-MM = "video/audio input and these image options (lmstack reads images for Qwen2-VL and LLaVA)"
+MM = "these image options (lmstack reads images for Qwen2-VL and LLaVA, videos for Qwen2-VL, audio for Qwen2-Audio)"
 KT = "KTransformers CPU/AMX offload of MoE experts"
 PROF = "the torch profiler"
 OLD_RAY = "an older LLaMA-Factory Ray Train option, for where Ray keeps its own run records"
@@ -71,12 +71,7 @@ LF_FIELDS: dict[str, LFField] = {
     # ---- §1.3 ProcessorArguments ----
     "image_do_pan_and_scan": R(MM, False),
     "crop_to_patches": R(MM, False),
-    "video_max_pixels": R(MM, 65536),
-    "video_min_pixels": R(MM, 256),
-    "video_fps": R(MM, 2.0),
-    "video_maxlen": R(MM, 128),
-    "use_audio_in_video": R(MM, False),
-    "audio_sampling_rate": R(MM, 16000),
+    "use_audio_in_video": R("the audio track of videos (Qwen2.5-Omni / Qwen3-Omni, not built in lmstack)", False),
     # ---- §1.4 ExportArguments ----
     "export_quantization_bit": D("GPTQ quantization at export", None),
     "export_quantization_dataset": D("GPTQ quantization at export", None),

@@ -189,6 +189,17 @@ class DataArgs(Section):
     image_min_pixels: int = Field(
         32 * 32, gt=0, description="Vision models: smaller images are upscaled to at least this many pixels."
     )
+    video_max_pixels: int = Field(
+        256 * 256, gt=0, description="Video models: larger frames are downscaled to at most this many pixels."
+    )
+    video_min_pixels: int = Field(
+        16 * 16, gt=0, description="Video models: smaller frames are upscaled to at least this many pixels."
+    )
+    video_fps: float = Field(2.0, gt=0, description="Video models: frames sampled per second of video.")
+    video_maxlen: int = Field(128, gt=0, description="Video models: at most this many frames per video.")
+    audio_sampling_rate: int = Field(
+        16000, gt=0, description="Audio models: audio is resampled to this rate (Hz) before its features."
+    )
 
     @field_validator("val_size")
     @classmethod

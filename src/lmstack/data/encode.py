@@ -22,6 +22,7 @@ from lmstack.data.encode_common import (
 )
 from lmstack.data.encode_pref import encode_kto, encode_pairwise, encode_prompt_only
 from lmstack.data.mm import expand_example, finish_sample
+from lmstack.data.mm_av import expand_av, finish_av
 
 __all__ = [
     "ENCODERS",
@@ -121,5 +122,7 @@ def encode_example(
         sample, truncated = ENCODERS[opts.stage](example, tokenizer, template, opts)
         return sample, truncated, fields_cut
     example, images, image_tokens = expand_example(example, opts.media)
+    example, av_paths, av_tokens = expand_av(example, opts.media)  # videos and audio (data/mm_av.py)
     sample, truncated = ENCODERS[opts.stage](example, tokenizer, template, opts)
-    return finish_sample(sample, images, image_tokens, opts.media, tokenizer), truncated, fields_cut
+    sample = finish_sample(sample, images, image_tokens, opts.media, tokenizer)
+    return finish_av(sample, av_paths, av_tokens, tokenizer), truncated, fields_cut

@@ -353,7 +353,8 @@ def convert(record: Any, attr: DatasetAttr) -> dict:
         out = CONVERTERS[attr.formatting](record, attr)
     except RecursionError:  # a value nested nearly as deep as the JSON reader allows, then serialized
         raise RecordError("<record>", "nested too deeply", "flatten the value or remove the record") from None
-    column = attr.column("images")
-    if column:  # LF's media column: paths checked and placeholders expanded in data/mm.py
-        out.update(images=record.get(column), images_field=column)
+    for key in ("images", "videos", "audios"):  # LF's media columns: checked and expanded in data/mm.py
+        column = attr.column(key)
+        if column:
+            out.update({key: record.get(column), f"{key}_field": column})
     return out

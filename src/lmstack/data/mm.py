@@ -35,13 +35,24 @@ from lmstack.memory import model_facts
 
 logger = logging.getLogger(__name__)
 IMAGE_PLACEHOLDER = "<image>"
-MODEL_PLUGINS = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "llava": "llava"}  # model_type -> plugin
+MODEL_PLUGINS = {
+    "qwen2_vl": "qwen2_vl",
+    "qwen2_5_vl": "qwen2_vl",
+    "llava": "llava",
+    "qwen2_audio": "qwen2_audio",
+}  # fmt: skip  (model_type -> plugin)
 PLUGIN_TOKENS = {  # (before, image token, after) per image, as LLaMA-Factory's mm plugins write them
     "qwen2_vl": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
     "llava": ("", "<image>", ""),
+    "qwen2_audio": ("", "", ""),  # no images: its audio tokens are in media_audio.py
 }
 SUPPORTED = "qwen2_vl, qwen2_5_vl (template qwen2_vl) and llava (template llava)"
-MEDIA_KINDS = ("media count mismatch", "media outside dataset_dir", "missing media file", "media URL")
+AUDIO_SUPPORTED = "qwen2_audio (template qwen2_audio)"
+VIDEO_SUPPORTED = "qwen2_vl, qwen2_5_vl (template qwen2_vl)"
+MEDIA_KINDS = (
+    "media count mismatch", "media outside dataset_dir", "missing media file", "media URL",
+    "unreadable media file", "media not supported",
+)  # fmt: skip
 IMAGES_CUT = "image tokens cut by cutoff_len"
 MEDIA_STAGES = ("sft", "dpo")  # dpo: TRL's DPOTrainer with the pixels of each pair (train/dpo.py)
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
@@ -62,6 +73,8 @@ class MediaSpec:
     max_pixels: int = 0
     image_seqlen: int = 0  # llava: tokens per image
     image_size: int = 0  # llava: the square the processor crops every image to
+    video: Any = None  # media_video.VideoSpec of a model that reads videos (Qwen2-VL, Qwen2.5-VL)
+    audio: Any = None  # media_audio.AudioSpec of a model that reads audio (Qwen2-Audio)
 
     @property
     def tokens(self) -> tuple[str, str, str]:
@@ -92,6 +105,10 @@ def media_spec(cfg: Any) -> MediaSpec | None:
         image_min_pixels=d.image_min_pixels,
     )
     config = model_facts.config_json(path) or {}
+    if MODEL_PLUGINS[kind] == "qwen2_audio":
+        from lmstack.data.media_audio import audio_spec
+
+        return MediaSpec("qwen2_audio", audio=audio_spec(str(path), d), **common)
     if MODEL_PLUGINS[kind] == "llava":
         vision = config.get("vision_config") or {}
         size, patch = vision.get("image_size", 336), vision.get("patch_size", 14)
@@ -102,8 +119,11 @@ def media_spec(cfg: Any) -> MediaSpec | None:
 
     proc = AutoImageProcessor.from_pretrained(path)
     size = dict(proc.size)
+    from lmstack.data.media_video import video_spec
+
     return MediaSpec(
         "qwen2_vl",
+        video=video_spec(str(path), d, kind),
         patch_size=proc.patch_size,
         merge_size=proc.merge_size,
         min_pixels=size.get("shortest_edge", size.get("min_pixels")),
@@ -112,9 +132,12 @@ def media_spec(cfg: Any) -> MediaSpec | None:
     )
 
 
-def check_media_datasets(cfg: Any, datasets: list[str]) -> None:
-    """A dataset with an images column needs a supported vision model, stage sft and no packing;
-    refused before the tokenizer or the model loads, naming what to change."""
+def check_media_datasets(
+    cfg: Any, datasets: list[str], videos: list[str] | tuple = (), audios: list[str] | tuple = ()
+) -> None:
+    """A dataset with an images / videos / audios column needs a model that reads that modality, stage
+    sft (images: also dpo) and no packing; refused before the tokenizer or the model loads, naming what
+    to change."""
     spec = media_spec(cfg)
     defaults = type(cfg.data).model_fields
     changed = [
@@ -124,33 +147,68 @@ def check_media_datasets(cfg: Any, datasets: list[str]) -> None:
         logger.warning(
             "%s: no effect on the text model %s", " / ".join(changed), cfg.model.model_name_or_path
         )
+    av_fields = {
+        "video": ("video_max_pixels", "video_min_pixels", "video_fps", "video_maxlen"),
+        "audio": ("audio_sampling_rate",),
+    }
+    for noun, fields in av_fields.items():
+        moved = [f for f in fields if getattr(cfg.data, f) != defaults[f].default]
+        if moved and (spec is None or getattr(spec, noun) is None):
+            logger.warning("%s: no effect on %s, which reads no %s", " / ".join(moved),
+                           cfg.model.model_name_or_path, noun)  # fmt: skip
+    if spec is not None and spec.video is not None and cfg.data.video_max_pixels < cfg.data.video_min_pixels:
+        raise ConfigError(
+            f"video_max_pixels: got {cfg.data.video_max_pixels}, less than video_min_pixels "
+            f"{cfg.data.video_min_pixels}; raise video_max_pixels or lower video_min_pixels"
+        )
+    if spec is not None and spec.audio is not None and spec.audio.sampling_rate != spec.audio.model_rate:
+        raise ConfigError(
+            f"audio_sampling_rate: got {spec.audio.sampling_rate}, but the feature extractor of "
+            f"{cfg.model.model_name_or_path} reads audio at {spec.audio.model_rate} Hz only; set "
+            f"audio_sampling_rate: {spec.audio.model_rate}"
+        )
     for name in ("packing", "neat_packing") if spec is not None else ():
         if getattr(cfg.data, name):
             raise ConfigError(
-                f"{name}: not available with the vision model {cfg.model.model_name_or_path}: it computes "
+                f"{name}: not available with the {'audio' if spec.plugin == 'qwen2_audio' else 'vision'} model {cfg.model.model_name_or_path}: it computes "
                 f"{'its 3D rope positions' if spec.plugin == 'qwen2_vl' else 'its positions'} per sample "
                 f"and packed rows would mix them; set {name}: false"
             )
-    if not datasets:
+    if not (datasets or videos or audios):
         return
-    names = ", ".join(datasets)
+    names = ", ".join(dict.fromkeys([*datasets, *videos, *audios]))
+    kinds = [k for k, v in (("images", datasets), ("videos", videos), ("audios", audios)) if v]
     if spec is None:
         raise DataError(
-            f"dataset {names} has images, but model_name_or_path {cfg.model.model_name_or_path} is a "
-            f"{model_type(cfg) or 'text'} model without a supported vision tower; image fine-tuning works with "
-            f"model types {SUPPORTED}"
+            f"dataset {names} has {' and '.join(kinds)}, but model_name_or_path {cfg.model.model_name_or_path} "
+            f"is a {model_type(cfg) or 'text'} model without a supported vision tower; image fine-tuning works "
+            f"with model types {SUPPORTED}; video with {VIDEO_SUPPORTED}; audio with {AUDIO_SUPPORTED}"
         )
-    if cfg.finetuning.stage not in MEDIA_STAGES:
+    for noun, sets, supported, ok in (
+        ("image", datasets, SUPPORTED, spec.plugin != "qwen2_audio"),
+        ("video", videos, VIDEO_SUPPORTED, spec.video is not None),
+        ("audio", audios, AUDIO_SUPPORTED, spec.audio is not None),
+    ):
+        if sets and not ok:
+            raise DataError(
+                f"dataset {', '.join(sets)} has {noun} input, but {cfg.model.model_name_or_path} is a "
+                f"{spec.model_type} model, which lmstack feeds no {noun}s; {noun} input works with model "
+                f"types {supported}"
+            )
+    if cfg.finetuning.stage not in MEDIA_STAGES or (cfg.finetuning.stage != "sft" and (videos or audios)):
+        allowed = " or ".join(MEDIA_STAGES) if not (videos or audios) else "sft"
         raise ConfigError(
-            f"stage: {cfg.finetuning.stage} with the images of dataset {names} is not supported yet; "
-            f"image datasets train with stage: {' or '.join(MEDIA_STAGES)}"
+            f"stage: {cfg.finetuning.stage} with the {' and '.join(kinds)} of dataset {names} is not "
+            f"supported yet; these datasets train with stage: {allowed}"
         )
     if cfg.finetuning.stage == "dpo" and cfg.finetuning.pref_loss in ("orpo", "simpo"):
         raise ConfigError(
             f"pref_loss: {cfg.finetuning.pref_loss} with images is not supported yet; use sigmoid, hinge or ipo"
         )
     if cfg.data.streaming:
-        raise ConfigError(f"streaming: not available with images (dataset {names}) yet; set streaming: false")
+        raise ConfigError(
+            f"streaming: not available with {' and '.join(kinds)} (dataset {names}) yet; set streaming: false"
+        )
 
 
 def check_media_template(spec: MediaSpec | None, template: Any, datasets: list[str]) -> None:
@@ -324,7 +382,7 @@ def raise_media_problems(stats: Any) -> None:
     lines = [f"  {p['file']} {p['position']}: {p['field']}: {p['reason']}" for p in bad[:20]]
     more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
     raise DataError(
-        f"dataset {stats.name}: {len(bad)} record(s) with image problems:\n" + "\n".join(lines) + more
+        f"dataset {stats.name}: {len(bad)} record(s) with media problems:\n" + "\n".join(lines) + more
     )
 
 

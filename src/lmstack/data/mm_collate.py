@@ -15,12 +15,15 @@ from lmstack.data.padding import pad_right
 
 
 class MediaCollator:
-    def __init__(self, pad_id: int, spec: MediaSpec, image_processor: Any, image_token_id: int):
+    def __init__(
+        self, pad_id: int, spec: MediaSpec, image_processor: Any, image_token_id: int, av: Any = None
+    ):
         self.pad_id = pad_id
         self.spec = spec
         self.image_processor = image_processor
         self.image_token_id = image_token_id
         self.token_types = spec.plugin == "qwen2_vl" and takes_token_types(spec.model_type)
+        self.av = av  # data/mm_av_collate.AVBatcher of a model that reads videos or audio
 
     def __call__(self, features: list[dict]) -> dict:
         width = max(len(f["input_ids"]) for f in features)
@@ -34,6 +37,8 @@ class MediaCollator:
             images = [load_image(p, self.spec) for p in paths]
             batch.update(self.image_processor(images=images, return_tensors="pt"))
             self._check_tokens(ids, per_sample, batch.get("image_grid_thw"))
+        if self.av is not None:
+            self.av.add(batch, features)
         return batch
 
     def _check_tokens(self, ids: Any, per_sample: list[list[str]], grid: Any) -> None:

@@ -212,7 +212,7 @@ def load_split(
     (`mix=False`: concatenated)."""
     parts, all_stats = [], []
     attrs = get_dataset_attrs(names, cfg.data.dataset_dir, field_name)
-    check_media_template(media_spec(cfg), template, [a.name for a in attrs if a.column("images")])
+    check_media_template(media_spec(cfg), template, [a.name for a in attrs if media_columns(a)])
     for attr in attrs:
         check_ranking(attr, cfg.finetuning.stage)
         data, stats = load_one(cfg, attr, tokenizer, template)
@@ -248,6 +248,11 @@ def validation_order(size: int, val_size: float, seed: int) -> tuple[np.ndarray,
     return np.sort(order[count:]), np.sort(order[:count])
 
 
+def media_columns(attr: DatasetAttr) -> list[str]:
+    """The media columns (images, videos, audios) a dataset names."""
+    return [k for k in ("images", "videos", "audios") if attr.column(k)]
+
+
 def check_data_args(cfg: Config) -> None:
     """Field combinations that cannot work; raised before anything is tokenized."""
     d = cfg.data
@@ -269,7 +274,7 @@ def check_data_args(cfg: Config) -> None:
         for names, field in ((d.dataset, "dataset"), (d.eval_dataset, "eval_dataset"))
         for a in get_dataset_attrs(names, d.dataset_dir, field)
     ]
-    check_media_datasets(cfg, [a.name for a in attrs if a.column("images")])
+    check_media_datasets(cfg, *([a.name for a in attrs if a.column(k)] for k in ("images", "videos", "audios")))
 
 
 def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:

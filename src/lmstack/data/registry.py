@@ -159,7 +159,6 @@ def _parse_entry(name: str, entry: Any, registry: Path) -> DatasetAttr:
     if bad:
         key = sorted(bad)[0]
         raise DataError(f"{where}: columns: unknown key {key!r}{did_you_mean(key, COLUMN_DEFAULTS)}")
-    _refuse_media(name, columns, registry)
     tags = dict(OPENAI_TAGS if formatting == "openai" else TAG_DEFAULTS)
     bad_tags = set(entry.get("tags") or {}) - set(TAG_DEFAULTS)
     if bad_tags:
@@ -186,19 +185,6 @@ def _parse_entry(name: str, entry: Any, registry: Path) -> DatasetAttr:
         columns=columns,
         tags=tags,
     )
-
-
-def _refuse_media(name: str, columns: dict, registry: Path) -> None:
-    """Images are read (data/mm.py, for the vision models it supports); LF's video and audio columns
-    need video frames / an audio tower that lmstack does not load, so such an entry is refused (in
-    every format: the columns are read the same way for alpaca, sharegpt and openai)."""
-    for key, placeholder in MEDIA_COLUMNS.items():
-        if key != "images" and columns.get(key) is not None:
-            raise DataError(
-                f"dataset {name}: columns.{key} = {columns[key]!r}: {key[:-1]} input is not available in "
-                f"lmstack (images are, with Qwen2-VL / LLaVA); remove the column from {registry} to train "
-                f"without it (a {placeholder} left in the text is then plain text)"
-            )
 
 
 def _safe_path(file_name: str, root: Path, where: str) -> str:

@@ -27,6 +27,7 @@ import numpy as np
 from lmstack.config.schema import Config
 from lmstack.data.encode import IGNORE_INDEX
 from lmstack.data.mm import format_media, media_stats
+from lmstack.data.mm_av import av_stats, format_av
 from lmstack.data.pipeline import check_data_args, encode_records, load_one, read_limited
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.stats import (
@@ -155,6 +156,9 @@ def _entry(cfg: Config, attr: DatasetAttr, tokenizer: Any, template: Any) -> tup
     entry.update(trainable_tokens=data.trainable_tokens(), lengths=length_stats(full))
     if opts.media is not None and "images" in data.dense:  # a vision model: images and their tokens
         entry["media"] = media_stats([str(v) for v in data.dense["images"]], opts.media)
+    for key in ("videos", "audios") if opts.media is not None else ():  # ... and its videos / audio
+        if getattr(opts.media, key[:-1]) is not None and key in data.dense:
+            entry[key] = av_stats(key, [str(v) for v in data.dense[key]], data, tokenizer)
     return entry, data
 
 
@@ -244,6 +248,7 @@ def format_report(report: dict, color: bool = False) -> str:
             )
         if d.get("placeholders"):
             lines.append(f"    warning: {placeholder_warning(DatasetStats.from_dict(d))}")
+        lines.extend(format_av(key, d[key]) for key in ("videos", "audios") if key in d)
         for p in d["problems"][:MAX_PRINTED_PROBLEMS]:
             lines.append(f"    problem: {format_problem(p)}")
         if len(d["problems"]) > MAX_PRINTED_PROBLEMS:

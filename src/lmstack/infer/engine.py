@@ -105,13 +105,18 @@ def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
 
     from lmstack.launch.context import LaunchContext
     from lmstack.models.load import hub_kwargs
-    from lmstack.models.vision import vision_model_type
+    from lmstack.models.vision import MODEL_CLASSES, vision_model_type
     from lmstack.plan.decide import attention
 
     tokenizer, template = load_tokenizer_and_template(cfg)
     dtype = inference_dtype(cfg)
     vision = vision_model_type(cfg.model.model_name_or_path)  # Qwen2-VL / LLaVA: image-text-to-text
-    model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(
+    model_class = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    if vision in MODEL_CLASSES:  # Qwen2-Audio: its own class
+        import transformers
+
+        model_class = getattr(transformers, MODEL_CLASSES[vision])
+    model = model_class.from_pretrained(
         cfg.model.model_name_or_path,
         dtype=dtype,
         attn_implementation=attention(cfg, LaunchContext.from_env(), device, packed=False)[0],

@@ -1,6 +1,7 @@
 """Images at inference for the vision models lmstack trains (Qwen2-VL, Qwen2.5-VL, LLaVA): the terminal
-chat's `/image PATH` command, and OpenAI `image_url` content parts (a local file or a data URL) for
-the API. The prompt is built as training builds it (data/mm.py: LLaMA-Factory's resize, the
+chat's `/image PATH` command (and `/video PATH` for Qwen2-VL / Qwen2.5-VL, `/audio PATH` for
+Qwen2-Audio, prepared as training prepares them: data/mm_av.py), and OpenAI `image_url` content parts
+(a local file or a data URL) for the API. The prompt is built as training builds it (data/mm.py: LLaMA-Factory's resize, the
 processor's image tokens; with no `<image>` placeholder in the text, one per image goes before it)."""
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def _decoded(image: Any, what: str) -> Any:
             f"{MAX_IMAGE_PIXELS} pixels per image: send a smaller image"
         )
     return image.convert("RGB")
+MEDIA_COMMANDS = {"/video": "videos", "/audio": "audios"}  # chat commands of the other modalities
 
 
 def open_image(source: str) -> Any:
@@ -94,18 +96,43 @@ class VisionInputs:
                 "(qwen2_vl, qwen2_5_vl, llava)"
             )
         self.engine, self.spec = engine, spec
-        self.image_processor = load_image_processor(engine.cfg)
-        self.image_token_id = engine.tokenizer.convert_tokens_to_ids(spec.tokens[1])
+        audio_only = spec.plugin == "qwen2_audio"
+        self.image_processor = None if audio_only else load_image_processor(engine.cfg)
+        self.image_token_id = -1 if audio_only else engine.tokenizer.convert_tokens_to_ids(spec.tokens[1])
+        self.feature_extractor = None
+        if spec.audio is not None:
+            from lmstack.data.mm_av_collate import load_feature_extractor
+
+            self.feature_extractor = load_feature_extractor(engine.cfg)
         self.stop_ids = set(engine.stop_ids)
         self.lock = threading.Lock()
 
     def prompt(
-        self, messages: list[dict], images: list[Any], system: str | None = None
+        self,
+        messages: list[dict],
+        images: list[Any],
+        system: str | None = None,
+        videos: list[str] = (),
+        audios: list[str] = (),
     ) -> tuple[list[int], dict]:
-        """(prompt ids, the extra model inputs) of a conversation ending with a user turn."""
+        """(prompt ids, the extra model inputs) of a conversation ending with a user turn; `videos` /
+        `audios`: file paths, in the order of their placeholders."""
+        from lmstack.data.media_audio import audio_inputs
+        from lmstack.data.media_video import video_inputs
+        from lmstack.data.mm_av import expand_inference, load_audios, load_videos
+
         images = [regularize(im, self.spec) for im in images]
-        ids = self.engine.prompt_ids(inference_messages(messages, images, self.spec), system)
-        return ids, pixel_inputs(images, self.spec, self.image_processor)
+        messages = inference_messages(messages, images, self.spec)
+        messages = expand_inference(messages, list(videos), list(audios), self.spec)
+        ids = self.engine.prompt_ids(messages, system)
+        extra = pixel_inputs(images, self.spec, self.image_processor)
+        if videos:
+            extra.update(video_inputs(load_videos(list(videos), self.spec), self.spec.video))
+        if audios:
+            extra.update(
+                audio_inputs(load_audios(list(audios), self.spec), self.spec.audio, self.feature_extractor)
+            )
+        return ids, extra
 
     def generate(
         self,
@@ -113,11 +140,13 @@ class VisionInputs:
         images: list[Any],
         system: str | None = None,
         cancel: Any = None,
+        videos: list[str] = (),
+        audios: list[str] = (),
         **overrides: Any,
     ) -> Generation:
-        """One reply (an engine `Generation`) to `messages` showing `images`; `overrides` as
-        `engine.sampling` takes them."""
-        ids, extra = self.prompt(messages, images, system)
+        """One reply (an engine `Generation`) to `messages` showing `images` (and `videos` / `audios`
+        files); `overrides` as `engine.sampling` takes them."""
+        ids, extra = self.prompt(messages, images, system, videos, audios)
         return self.run(ids, extra, self.engine.sampling(**overrides), cancel)
 
     def run(self, ids: list[int], extra: dict, sampling: Sampling, cancel: Any = None) -> Generation:
@@ -139,7 +168,11 @@ class VisionInputs:
         inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
         inputs.update({k: v.to(device) for k, v in extra.items()})
         if extra and _needs_token_types(self.spec):
-            inputs["mm_token_type_ids"] = (input_ids == self.image_token_id).long()
+            from lmstack.data.media_video import VIDEO_TOKENS
+
+            types = (input_ids == self.image_token_id).long()
+            types[input_ids == engine.tokenizer.convert_tokens_to_ids(VIDEO_TOKENS[1])] = 2
+            inputs["mm_token_type_ids"] = types
         kwargs = self._generate_kwargs(sampling, cancel)
         with self.lock, torch.inference_mode():
             if not sampling.greedy and sampling.seed is not None:
@@ -215,11 +248,32 @@ class VisionChatSession:
         self.messages: list[dict] = []
         self.images: list[Any] = []  # every image of the history, in order
         self.pending: list[Any] = []  # attached to the next user message
+        self.files: dict[str, list[str]] = {"videos": [], "audios": []}  # every video / audio file, in order
+        self.pending_files: dict[str, list[str]] = {"videos": [], "audios": []}
 
     def clear(self) -> None:
         self.messages, self.images, self.pending = [], [], []
+        self.files, self.pending_files = {"videos": [], "audios": []}, {"videos": [], "audios": []}
+
+    def _attach(self, key: str, source: str) -> str:
+        """`/video PATH` / `/audio PATH`: the file goes with the next message (its placeholder, or one
+        before the text); a model that reads no such input says so."""
+        from lmstack.data.mm_av import KINDS
+
+        noun = KINDS[key][1]
+        if getattr(self.vision.spec, noun) is None:
+            return f"[{self.vision.spec.model_type} models read no {noun}]"
+        path = Path(source.removeprefix("file://")).expanduser()
+        if not path.is_file():
+            return f"[{noun}: {path}: no such file]"
+        self.pending_files[key].append(str(path.resolve()))
+        return f"[{noun} {len(self.pending_files[key])} attached to your next message: {source}]"
 
     def send(self, text: str) -> Iterator[str]:
+        command, _, source = text.strip().partition(" ")
+        if command in MEDIA_COMMANDS:
+            yield self._attach(MEDIA_COMMANDS[command], source.strip())
+            return
         if text.strip().startswith(IMAGE_COMMAND.strip()):
             source = text.strip()[len(IMAGE_COMMAND.strip()) :].strip()
             try:
@@ -229,22 +283,31 @@ class VisionChatSession:
                 return
             yield f"[image {len(self.pending)} attached to your next message: {source}]"
             return
+        from lmstack.data.mm_av import KINDS
+
         content = text
         if self.pending and IMAGE_PLACEHOLDER not in text:
             content = IMAGE_PLACEHOLDER * len(self.pending) + text
+        for key, (placeholder, _) in KINDS.items():
+            if self.pending_files[key] and placeholder not in text:
+                content = placeholder * len(self.pending_files[key]) + content
         turn = [*self.messages, {"role": "user", "content": content}]
         images = [*self.images, *self.pending]
+        files = {k: [*self.files[k], *self.pending_files[k]] for k in self.files}
         try:
-            reply = self.vision.generate(turn, images, self.system).text
+            reply = self.vision.generate(
+                turn, images, self.system, videos=files["videos"], audios=files["audios"]
+            )
         except ValueError as err:
             yield f"[{err}]"
             return
         self.messages, self.images, self.pending = (
-            [*turn, {"role": "assistant", "content": reply}],
+            [*turn, {"role": "assistant", "content": reply.text}],
             images,
             [],
         )
-        yield reply
+        self.files, self.pending_files = files, {"videos": [], "audios": []}
+        yield reply.text
 
 
 def session_for(engine: Any) -> Any:

@@ -18,7 +18,9 @@ OUTPUT_HEAD_NAMES = ("lm_head", "embed_out", "output_layer")
 
 # the composite vision-language model types (models/vision.py COMPOSITE's keys; a unit test holds them equal):
 # counted with AutoModelForImageTextToText so the vision tower is counted too
-VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava"})
+VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava", "qwen2_audio"})
+# of those, the ones AutoModelForImageTextToText does not map: their own class (its audio tower counted)
+OWN_CLASS = {"qwen2_audio": "Qwen2AudioForConditionalGeneration"}
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,13 @@ class ModelSpec:
             getattr(cfg, "model_type", None) in VISION_MODEL_TYPES
         )  # Qwen2-VL / LLaVA: the vision tower counted too
         with init_empty_weights():
-            model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(cfg)
+            kind = getattr(cfg, "model_type", None)
+            if kind in OWN_CLASS:
+                import transformers
+
+                model = getattr(transformers, OWN_CLASS[kind])._from_config(cfg)
+            else:
+                model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(cfg)
         # transformers 5 skips weight tying inside init_empty_weights: tie afterwards, or a
         # tied lm_head is counted twice (e.g. Qwen2.5-0.5B would read 630M instead of 494M).
         model.tie_weights()

@@ -1,4 +1,5 @@
-"""Vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA): loaded through AutoModelForImageTextToText,
+"""Vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA) and Qwen2-Audio: loaded through
+AutoModelForImageTextToText (Qwen2-Audio: its own class),
 and which of their modules are the vision tower, the projector and the language model (LLaMA-Factory's
 composite-model table), so that `freeze_vision_tower` / `freeze_multi_modal_projector` /
 `freeze_language_model` freeze them under full and freeze fine-tuning and keep them out of LoRA's
@@ -39,7 +40,11 @@ COMPOSITE = {
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,
     "llava": Parts(("vision_tower",), ("multi_modal_projector",), ("language_model", "lm_head")),
+    # the audio encoder counts as the "vision tower" of LF's freeze_vision_tower (LF's composite table too)
+    "qwen2_audio": Parts(("audio_tower",), ("multi_modal_projector",), ("language_model", "lm_head")),
 }  # fmt: skip
+# model types that AutoModelForImageTextToText does not map: their own class (transformers' name)
+MODEL_CLASSES = {"qwen2_audio": "Qwen2AudioForConditionalGeneration"}
 
 
 def vision_model_type(path: str) -> str | None:
@@ -115,6 +120,10 @@ def load_vision_model(spec: Any, tokenizer: Any) -> Any:
         )
     set_seed(spec.seed)
     config = AutoConfig.from_pretrained(spec.path, **spec.hub)
+    if config.model_type in MODEL_CLASSES:
+        import transformers
+
+        AutoModelForImageTextToText = getattr(transformers, MODEL_CLASSES[config.model_type])  # noqa: N806
     config.use_cache = False
     if getattr(config, "text_config", None) is not None:
         config.text_config.use_cache = False

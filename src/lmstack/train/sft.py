@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from lmstack.data.mm import media_spec
-from lmstack.data.mm_collate import MediaCollator
+from lmstack.data.mm_av_collate import media_collator
 from lmstack.data.packing import pack_dataset
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.kernels import apply_training_kernels
@@ -35,9 +35,8 @@ def run(plan: RunPlan) -> dict:
         )
         collator = PackedCollator(tokenizer.pad_token_id, width=plan.row_capacity)
     media = media_spec(cfg)  # a vision model: the batch's images too
-    if media is not None:
-        image_id = tokenizer.convert_tokens_to_ids(media.tokens[1])
-        collator = MediaCollator(tokenizer.pad_token_id, media, load_image_processor(cfg), image_id)
+    if media is not None:  # images, videos, audio: the model's processors per batch
+        collator = media_collator(cfg, tokenizer, media, load_image_processor)
 
     args = common.training_arguments(plan)  # before the model: under ZeRO-3 it loads already sharded
     model = load_model(plan.model_spec(), tokenizer)

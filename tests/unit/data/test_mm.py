@@ -215,7 +215,7 @@ def test_media_problems_stop_the_run_naming_file_record_and_counts(
     with pytest.raises(DataError) as err:
         build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer))
     msg = str(err.value)
-    assert msg.startswith("dataset mm: 1 record(s) with image problems:")
+    assert msg.startswith("dataset mm: 1 record(s) with media problems:")
     assert f"{tmp_path / 'mm.json'} record 1: images" in msg  # the second record (0-based index 1)
     assert reason in msg
 

@@ -1,5 +1,6 @@
-"""dataset_info.json entries: multimodal columns are refused where the entry is parsed, so train's
-pre-flight, `check`, the in-memory pipeline and streaming all refuse them before a record is read."""
+"""dataset_info.json entries: multimodal columns (images, videos, audios) are read in every format, and a
+model that cannot take them is refused by train's pre-flight, `check`, the in-memory pipeline and
+streaming before a record is read."""
 
 from __future__ import annotations
 
@@ -15,46 +16,25 @@ from lmstack.data.registry import get_dataset_attrs
 from lmstack.data.validate import check_data
 
 MM_DIR = REPO / "tests" / "fixtures" / "multimodal"
-REFUSED = "input is not available in lmstack (images are, with Qwen2-VL / LLaVA)"
 NO_VISION = "has images, but model_name_or_path"
 
 
 @pytest.mark.parametrize("formatting", ["alpaca", "sharegpt", "openai"])
-@pytest.mark.parametrize("key", ["videos", "audios"])
-def test_a_mapped_video_or_audio_column_is_refused_in_every_format(formatting, key, tmp_path):
+@pytest.mark.parametrize("key", ["images", "videos", "audios"])
+def test_a_media_column_is_read_in_every_format(formatting, key, tmp_path):
     (tmp_path / "d.json").write_text("[]")
-    entry = {"file_name": "d.json", "formatting": formatting, "columns": {key: f"my_{key}"}}
-    (tmp_path / "dataset_info.json").write_text(json.dumps({"mm": entry}))
-    with pytest.raises(DataError) as err:
-        get_dataset_attrs("mm", tmp_path)
-    msg = str(err.value)
-    assert msg.startswith(f"dataset mm: columns.{key} = 'my_{key}': {key[:-1]} {REFUSED}")
-    assert f"remove the column from {tmp_path / 'dataset_info.json'}" in msg
-
-
-@pytest.mark.parametrize("formatting", ["alpaca", "sharegpt", "openai"])
-def test_an_images_column_is_read_in_every_format(formatting, tmp_path):
-    (tmp_path / "d.json").write_text("[]")
-    entry = {"file_name": "d.json", "formatting": formatting, "columns": {"images": "pics"}}
+    entry = {"file_name": "d.json", "formatting": formatting, "columns": {key: "media"}}
     (tmp_path / "dataset_info.json").write_text(json.dumps({"mm": entry}))
     (attr,) = get_dataset_attrs("mm", tmp_path)
-    assert attr.column("images") == "pics"
+    assert attr.column(key) == "media"
 
 
-def test_a_hub_dataset_with_videos_is_refused_without_touching_the_hub(tmp_path):
-    entry = {"hf_hub_url": "org/some-vlm-data", "formatting": "sharegpt", "columns": {"videos": "videos"}}
-    (tmp_path / "dataset_info.json").write_text(json.dumps({"vlm": entry}))
-    with pytest.raises(DataError, match=r"dataset vlm: columns.videos = 'videos': video input is not"):
-        get_dataset_attrs("vlm", tmp_path)
-
-
-def test_only_the_named_entries_are_refused_and_null_means_unmapped():
-    """A registry may hold multimodal entries next to text ones; naming a text one works, and
-    `"images": null` is LF's spelling of "no such column"."""
+def test_null_means_unmapped():
+    """`"images": null` is LF's spelling of "no such column"; entries with videos / audios sit next to it."""
     (attr,) = get_dataset_attrs("images_unmapped", MM_DIR)
     assert attr.column("images") is None
-    with pytest.raises(DataError, match=r"dataset sharegpt_videos: columns.videos = 'videos': video input"):
-        get_dataset_attrs("images_unmapped,sharegpt_videos", MM_DIR)
+    _, videos = get_dataset_attrs("images_unmapped,sharegpt_videos", MM_DIR)
+    assert videos.column("videos") == "videos"
 
 
 @pytest.mark.parametrize(
@@ -73,7 +53,7 @@ def test_pipeline_and_streaming_refuse_before_a_record_is_read(
     monkeypatch.setattr(pipeline, "read_records", no_read)
     monkeypatch.setattr(streaming_mod, "read_records", no_read)
     cfg = make_cfg(dataset=name, dataset_dir=str(MM_DIR), streaming=streaming, max_steps=2)
-    expected = f"dataset {name} {NO_VISION}" if key == "images" else f"columns.{key} = '{key}': {key[:-1]} "
+    expected = f"dataset {name} has {key}, but model_name_or_path"
     with pytest.raises(DataError, match=re.escape(expected)):
         build_datasets(cfg, tiny_tokenizer, qwen)
 

@@ -1,0 +1,187 @@
+"""Videos and audio of a record, next to its images (data/mm.py): the `videos` / `audios` columns checked
+(paths inside dataset_dir, one file per `<video>` / `<audio>` placeholder, counted over all messages, as
+LLaMA-Factory's `_validate_messages`), the placeholders expanded into the model's tokens
+(media_video.py, media_audio.py), and the encoded sample's `videos` / `audios` columns (JSON lists of
+absolute paths) that the collator reads.
+
+Media tokens are never cut by cutoff_len: a sample whose video or audio tokens truncation would cut is
+dropped and counted ("video tokens cut by cutoff_len" / "audio tokens cut by cutoff_len" in the run's
+data summary and `lmstack check`), as images are; LLaMA-Factory instead truncates the ids and the model
+then fails on a token/feature count mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from lmstack.data.encode_common import DropExample
+from lmstack.data.formats import RecordError
+from lmstack.data.media_audio import AUDIO_PLACEHOLDER, AUDIO_TOKENS, audio_frames, audio_seqlen, load_audio
+from lmstack.data.media_video import VIDEO_PLACEHOLDER, VIDEO_TOKENS, decode_video, grid_thw, video_seqlen
+
+VIDEOS_CUT = "video tokens cut by cutoff_len"
+AUDIOS_CUT = "audio tokens cut by cutoff_len"
+KINDS = {"videos": (VIDEO_PLACEHOLDER, "video"), "audios": (AUDIO_PLACEHOLDER, "audio")}
+
+
+def frame_resizer(spec: Any) -> Any:
+    """PIL frame -> PIL frame: LLaMA-Factory's image resize under video_max_pixels / video_min_pixels."""
+    from lmstack.data.mm import regularize
+
+    frame_spec = replace(spec, image_max_pixels=spec.video.max_pixels, image_min_pixels=spec.video.min_pixels)
+    return lambda image: regularize(image, frame_spec)
+
+
+def load_videos(paths: list[str], spec: Any) -> list[Any]:
+    """The decoded, sampled, regularized videos (media_video.Decoded) of `paths`."""
+    resize = frame_resizer(spec)
+    return [decode_video(p, spec.video, resize) for p in paths]
+
+
+def load_audios(paths: list[str], spec: Any) -> list[Any]:
+    return [load_audio(p, spec.audio.sampling_rate) for p in paths]
+
+
+def _paths(example: dict, key: str, spec: Any) -> tuple[list[str], str]:
+    from lmstack.data.mm import media_list, resolve_media
+
+    column = example.get(f"{key}_field") or key
+    raw = media_list(example.get(key), column)
+    return [resolve_media(p, spec, f"{column}[{i}]") for i, p in enumerate(raw)], column
+
+
+def _count(example: dict, placeholder: str) -> int:
+    return sum(m["content"].count(placeholder) for m in example["prompt"] + example["response"])
+
+
+def _unreadable(field: str, path: str, err: Exception) -> RecordError:
+    return RecordError(field, "unreadable media file", f"{path}: {type(err).__name__}: {err}")
+
+
+def expand_av(example: dict, spec: Any) -> tuple[dict, dict[str, list[str]], dict[str, int]]:
+    """(example with each `<video>` / `<audio>` replaced by its tokens, the absolute paths per kind, the
+    token count per kind); placeholders and files must match one for one."""
+    paths: dict[str, list[str]] = {}
+    tokens: dict[str, int] = {}
+    for key, (placeholder, noun) in KINDS.items():
+        if getattr(spec, noun) is None:  # a model without it: its column was refused before any record
+            continue
+        files, column = _paths(example, key, spec)
+        found = _count(example, placeholder)
+        if found != len(files):
+            raise RecordError(
+                column,
+                "media count mismatch",
+                f"{found} {placeholder} placeholder(s) in the messages but {len(files)} {noun} file(s) in "
+                f"{column}; put one {placeholder} in the text where each {noun} goes",
+            )
+        if not files:
+            continue
+        counts = []
+        for i, path in enumerate(files):
+            try:
+                counts.append(video_count(path, spec) if noun == "video" else audio_count(path, spec))
+            except (OSError, ValueError, RuntimeError) as err:  # av / soundfile errors derive from these
+                raise _unreadable(f"{column}[{i}]", path, err) from None
+        example = _expand(example, placeholder, counts, VIDEO_TOKENS if noun == "video" else AUDIO_TOKENS)
+        paths[key], tokens[key] = files, sum(counts)
+    return example, paths, tokens
+
+
+def video_count(path: str, spec: Any) -> int:
+    """`<|video_pad|>` tokens of one video file."""
+    decoded = load_videos([path], spec)[0]
+    first = decoded.frames[0]
+    return video_seqlen(grid_thw(len(decoded.frames), first.width, first.height, spec.video), spec.video)
+
+
+def audio_count(path: str, spec: Any) -> int:
+    """`<|AUDIO|>` tokens of one audio file."""
+    return audio_seqlen(audio_frames(len(load_audios([path], spec)[0]), spec.audio))
+
+
+def _expand(example: dict, placeholder: str, counts: list[int], marks: tuple[str, str, str]) -> dict:
+    before, token, after = marks
+    queue = iter(counts)
+
+    def expand(text: str) -> str:
+        parts = text.split(placeholder)
+        return parts[0] + "".join(before + token * next(queue) + after + part for part in parts[1:])
+
+    out = dict(example)
+    for key in ("prompt", "response"):
+        out[key] = [dict(m, content=expand(m["content"])) for m in example[key]]
+    return out
+
+
+def expand_inference(messages: list[dict], videos: list[str], audios: list[str], spec: Any) -> list[dict]:
+    """Chat / API messages with their videos' and audios' tokens (paths already resolved); no placeholder
+    at all: LLaMA-Factory's inference rule, one per file at the start of the first message."""
+    for files, (placeholder, noun) in ((videos, KINDS["videos"]), (audios, KINDS["audios"])):
+        if not files:
+            continue
+        if getattr(spec, noun) is None:
+            raise ValueError(f"this {spec.model_type} model takes no {noun}")
+        if not any(placeholder in m["content"] for m in messages):
+            messages = [
+                dict(messages[0], content=placeholder * len(files) + messages[0]["content"])
+            ] + messages[1:]
+        example = {"prompt": messages, "response": []}
+        if _count(example, placeholder) != len(files):
+            raise ValueError(
+                f"{_count(example, placeholder)} {placeholder} placeholder(s) for {len(files)} {noun}(s)"
+            )
+        counts = [video_count(p, spec) if noun == "video" else audio_count(p, spec) for p in files]
+        messages = _expand(example, placeholder, counts, VIDEO_TOKENS if noun == "video" else AUDIO_TOKENS)[
+            "prompt"
+        ]
+    return messages
+
+
+def finish_av(sample: dict, paths: dict[str, list[str]], tokens: dict[str, int], tokenizer: Any) -> dict:
+    """The encoded sample with its `videos` / `audios` columns; dropped when truncation cut their tokens."""
+    for key, want in tokens.items():
+        token = (VIDEO_TOKENS if key == "videos" else AUDIO_TOKENS)[1]
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        for ids in [k for k in sample if k.endswith("input_ids")]:  # sft: one row; dpo: two
+            kept = sum(1 for t in sample[ids] if t == token_id)
+            if kept != want:
+                raise DropExample(
+                    f"cutoff_len keeps {kept} of the {want} {key[:-1]} tokens of this record (the model needs "
+                    f"all of them); raise cutoff_len or lower {'video_max_pixels / video_maxlen' if key == 'videos' else 'the audio length'}",
+                    kind=VIDEOS_CUT if key == "videos" else AUDIOS_CUT,
+                )
+    return {**sample, **{key: json.dumps(paths.get(key, [])) for key in KINDS}}
+
+
+def sample_paths(feature: dict, key: str) -> list[str]:
+    """The absolute media paths of one encoded sample's `videos` / `audios` column."""
+    return json.loads(feature.get(key) or "[]")
+
+
+def av_stats(key: str, path_lists: list[str], rows: Any, tokenizer: Any) -> dict:
+    """`lmstack check`'s summary of a dataset's kept samples' videos / audio: files, samples with one,
+    and their tokens (from the ids, as training feeds them)."""
+    token_id = tokenizer.convert_tokens_to_ids((VIDEO_TOKENS if key == "videos" else AUDIO_TOKENS)[1])
+    per = [(len(json.loads(text)), sum(1 for t in rows[i]["input_ids"] if t == token_id))
+           for i, text in enumerate(path_lists)]  # fmt: skip
+    tokens = [n for files, n in per if files]
+    return {
+        "files": sum(files for files, _ in per),
+        "samples": len(tokens),
+        "tokens": sum(tokens),
+        "tokens_per_sample": {"min": min(tokens, default=0), "max": max(tokens, default=0)},
+    }
+
+
+def format_av(key: str, stats: dict) -> str:
+    """One line of `lmstack check`'s text report."""
+    if not stats["files"]:
+        return f"    {key}: none"
+    per = stats["tokens_per_sample"]
+    return (
+        f"    {key}: {stats['files']} in {stats['samples']} samples, {stats['tokens']} {key[:-1]} tokens "
+        f"({per['min']}..{per['max']} per sample, counted in the lengths)"
+    )
