@@ -40,6 +40,8 @@ def _decoded(image: Any, what: str) -> Any:
             f"{MAX_IMAGE_PIXELS} pixels per image: send a smaller image"
         )
     return image.convert("RGB")
+
+
 MEDIA_COMMANDS = {"/video": "videos", "/audio": "audios"}  # chat commands of the other modalities
 
 
