@@ -179,10 +179,16 @@ def test_flash_attn_auto_and_liger_switches_on_gpu(base_cfg, tmp_path, caplog):
         train(None, cfg)
     has_fa2 = importlib.util.find_spec("flash_attn") is not None
     # the run plan's attention line: its decision and its reason
-    want = ("flash_attention_2", "flash-attn is installed") if has_fa2 else ("sdpa", "flash-attn not installed")
-    assert any(want[0] in line and f"flash_attn: auto, {want[1]}" in line for line in caplog.text.splitlines())
+    want = (
+        ("flash_attention_2", "flash-attn is installed") if has_fa2 else ("sdpa", "flash-attn not installed")
+    )
+    assert any(
+        want[0] in line and f"flash_attn: auto, {want[1]}" in line for line in caplog.text.splitlines()
+    )
     if importlib.util.find_spec("liger_kernel") is not None:
-        assert "enable_liger_kernel: Liger kernels applied to qwen2 (fused linear cross-entropy)" in caplog.text
+        assert (
+            "enable_liger_kernel: Liger kernels applied to qwen2 (fused linear cross-entropy)" in caplog.text
+        )
     else:
         assert "pip install liger-kernel" in caplog.text
     curve = _losses(tmp_path / "liger")

@@ -71,7 +71,9 @@ LF_FIELDS: dict[str, LFField] = {
     # ---- §1.3 ProcessorArguments ----
     "image_do_pan_and_scan": R(MM, False),
     "crop_to_patches": R(MM, False),
-    "use_audio_in_video": R("the audio track of videos (Qwen2.5-Omni / Qwen3-Omni, not built in lmstack)", False),
+    "use_audio_in_video": R(
+        "the audio track of videos (Qwen2.5-Omni / Qwen3-Omni, not built in lmstack)", False
+    ),
     # ---- §1.4 ExportArguments ----
     "export_quantization_bit": D("GPTQ quantization at export", None),
     "export_quantization_dataset": D("GPTQ quantization at export", None),

@@ -145,7 +145,9 @@ class DataArgs(Section):
     train_on_prompt: bool = Field(False, description="Also train on prompt tokens.")
     mask_history: bool = Field(False, description="Train only on the last assistant turn.")
     max_samples: int | None = Field(None, gt=0, description="Keep the first N records of each dataset.")
-    val_size: float = Field(0.0, ge=0, allow_inf_nan=False, description="Validation split: a fraction < 1 or a record count >= 1.")
+    val_size: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="Validation split: a fraction < 1 or a record count >= 1."
+    )
     overwrite_cache: bool = Field(False, description="Rebuild the tokenized cache even if it is valid.")
     preprocessing_num_workers: int | None = Field(None, ge=1, description="Processes used for tokenization.")
     preprocessing_batch_size: int = Field(1000, gt=0, description="Records per tokenization batch.")
@@ -563,7 +565,9 @@ class TrainingArgs(Section):
     adam_beta1: float = Field(0.9, ge=0, lt=1, description="AdamW beta1, in [0, 1).")
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2, in [0, 1).")
     adam_epsilon: float = Field(1e-8, gt=0, allow_inf_nan=False, description="AdamW epsilon.")
-    max_grad_norm: float = Field(1.0, ge=0, allow_inf_nan=False, description="Gradient clipping norm (0 = off).")
+    max_grad_norm: float = Field(
+        1.0, ge=0, allow_inf_nan=False, description="Gradient clipping norm (0 = off)."
+    )
     optim: str = Field(
         "adamw_torch", description="Optimizer name as transformers knows it (OptimizerNames), or muon."
     )

@@ -274,7 +274,9 @@ def check_data_args(cfg: Config) -> None:
         for names, field in ((d.dataset, "dataset"), (d.eval_dataset, "eval_dataset"))
         for a in get_dataset_attrs(names, d.dataset_dir, field)
     ]
-    check_media_datasets(cfg, *([a.name for a in attrs if a.column(k)] for k in ("images", "videos", "audios")))
+    check_media_datasets(
+        cfg, *([a.name for a in attrs if a.column(k)] for k in ("images", "videos", "audios"))
+    )
 
 
 def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:

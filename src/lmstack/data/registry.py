@@ -235,7 +235,9 @@ def _refuse_local_escape(entry: dict, root: Path, where: str) -> None:
         if value is None:
             continue
         if not isinstance(value, str) or "\x00" in value:
-            raise DataError(f"{where}: {key}: got {json.dumps(value)[:80]}; expected a string without NUL bytes")
+            raise DataError(
+                f"{where}: {key}: got {json.dumps(value)[:80]}; expected a string without NUL bytes"
+            )
         path = Path(os.path.expanduser(value))
         local = path.is_absolute() or ".." in path.parts or value.startswith(("./", "~")) or path.exists()
         if not local:

@@ -169,7 +169,11 @@ def k8s_objects(spec: LaunchSpec, config_name: str, config_text: str) -> list[di
         "kind": "PyTorchJob",
         "metadata": {"name": spec.job_name},
         # runPolicy is required by the v1 API (kubeflow-training's models); cleanPodPolicy None is its default
-        "spec": {"nprocPerNode": gpus, "pytorchReplicaSpecs": replicas, "runPolicy": {"cleanPodPolicy": "None"}},
+        "spec": {
+            "nprocPerNode": gpus,
+            "pytorchReplicaSpecs": replicas,
+            "runPolicy": {"cleanPodPolicy": "None"},
+        },
     }
     return [config_map, job]
 
