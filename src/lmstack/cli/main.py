@@ -240,6 +240,8 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lmstack.tiny import VISION_FAMILIES  # plain names; tiny.py imports torch only when it builds
+
     parser = argparse.ArgumentParser(
         prog="lmstack",
         description="One YAML file drives the whole LLM training stack.",
@@ -272,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"], help="architecture")
     p.add_argument(
         "--vision",
-        choices=["qwen2_vl", "qwen2_5_vl", "llava"],
+        choices=list(VISION_FAMILIES),
         help="a vision-language model instead (image processor too)",
     )
     p.set_defaults(func=cmd_tiny_model)

@@ -18,7 +18,7 @@ OUTPUT_HEAD_NAMES = ("lm_head", "embed_out", "output_layer")
 
 # the composite vision-language model types (models/vision.py COMPOSITE's keys; a unit test holds them equal):
 # counted with AutoModelForImageTextToText so the vision tower is counted too
-VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "llava"})
+VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava"})
 
 
 @dataclass(frozen=True)

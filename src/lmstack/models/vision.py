@@ -1,4 +1,5 @@
-"""Vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA): loaded through AutoModelForImageTextToText,
+"""Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL dense and MoE, LLaVA): loaded through
+AutoModelForImageTextToText,
 and which of their modules are the vision tower, the projector and the language model (LLaMA-Factory's
 composite-model table), so that `freeze_vision_tower` / `freeze_multi_modal_projector` /
 `freeze_language_model` freeze them under full and freeze fine-tuning and keep them out of LoRA's
@@ -35,9 +36,20 @@ QWEN2_VL = Parts(
     ("language_model", "lm_head"),
     ("patch_embed",),
 )
+# LF's Qwen3-VL entry: the learned position embedding and the DeepStack mergers (features of inner
+# vision blocks fed to the first decoder layers) belong to the vision tower; the projector is the
+# final patch merger only
+QWEN3_VL = Parts(
+    ("visual.pos_embed", "visual.patch_embed", "visual.blocks", "visual.deepstack_merger_list"),
+    ("visual.merger",),
+    ("language_model", "lm_head"),
+    ("patch_embed",),
+)
 COMPOSITE = {
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,
+    "qwen3_vl": QWEN3_VL,
+    "qwen3_vl_moe": QWEN3_VL,
     "llava": Parts(("vision_tower",), ("multi_modal_projector",), ("language_model", "lm_head")),
 }  # fmt: skip
 

@@ -17,7 +17,14 @@ from lmstack.templates import get_template
 # (width, height): one under the tiny Qwen2-VL's processor bounds, one over them (it downsizes), one
 # wide; LLaVA's processor crops every image to 28 x 28
 SIZES = [(40, 30), (300, 200), (120, 36)]
-VISION_TEMPLATE = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "llava": "llava"}
+VISION_TEMPLATE = {
+    "qwen2_vl": "qwen2_vl",
+    "qwen2_5_vl": "qwen2_vl",
+    "qwen3_vl": "qwen3_vl_nothink",
+    "qwen3_vl_moe": "qwen3_vl",
+    "llava": "llava",
+}
+QWEN_VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
 @pytest.fixture(scope="session")
@@ -69,17 +76,21 @@ def vlm_cfg(base_cfg, model: Path, family: str, folder: Path, **overrides):
 
 
 def processor_of(model: Path, family: str):
-    """The model's own processor: AutoProcessor; without torchvision (Qwen2-VL's video processor needs
-    it) the same Qwen2VLProcessor class, holding the tokenizer and the PIL image processor."""
+    """The model's own processor: AutoProcessor; without torchvision (the Qwen-VLs' video processors
+    need it) the same processor class (Qwen2VLProcessor, Qwen2_5_VLProcessor, Qwen3VLProcessor), holding
+    the tokenizer and the PIL image processor: its own __call__ expands and tokenizes the images."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
     try:
         return AutoProcessor.from_pretrained(model)
     except ImportError:
-        from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+        from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
 
         tok = AutoTokenizer.from_pretrained(model)
-        cls = Qwen2_5_VLProcessor if family == "qwen2_5_vl" else Qwen2VLProcessor
+        cls = {"qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}.get(
+            family.removesuffix("_moe"), Qwen2VLProcessor
+        )
+        assert json.loads((model / "processor_config.json").read_text())["processor_class"] == cls.__name__
         proc = cls.__new__(cls)
         proc.tokenizer, proc.image_processor, proc.video_processor = (
             tok,
@@ -87,8 +98,9 @@ def processor_of(model: Path, family: str):
             None,
         )
         proc.image_token, proc.video_token, proc.chat_template = "<|image_pad|>", "<|video_pad|>", None
-        proc.image_token_id = tok.convert_tokens_to_ids(proc.image_token)
-        proc.video_token_id = tok.convert_tokens_to_ids(proc.video_token)
+        proc.vision_start_token, proc.vision_end_token = "<|vision_start|>", "<|vision_end|>"
+        for name in ("image", "video", "vision_start", "vision_end"):
+            setattr(proc, f"{name}_token_id", tok.convert_tokens_to_ids(getattr(proc, f"{name}_token")))
         return proc
 
 
@@ -98,6 +110,8 @@ def test_tiny_vision_models_load_offline_through_the_auto_classes(tiny_vlm):
     expected = {
         "qwen2_vl": "Qwen2VLForConditionalGeneration",
         "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+        "qwen3_vl": "Qwen3VLForConditionalGeneration",
+        "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
         "llava": "LlavaForConditionalGeneration",
     }
     for family, path in tiny_vlm.items():
@@ -111,7 +125,7 @@ def test_tiny_vision_models_load_offline_through_the_auto_classes(tiny_vlm):
     assert type(AutoProcessor.from_pretrained(tiny_vlm["llava"])).__name__ == "LlavaProcessor"
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+@pytest.mark.parametrize("family", list(VISION_TEMPLATE))
 def test_image_tokens_are_where_the_processor_puts_them_and_are_prompt(family, tiny_vlm, base_cfg, tmp_path):
     images = write_images(tmp_path)
     messages = [
