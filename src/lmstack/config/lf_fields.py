@@ -35,7 +35,7 @@ def R(feature: str, lf_default: Any = None, hint: str = "") -> LFField:  # noqa:
     return LFField(REFUSED, feature, lf_default, hint)
 
 
-MM = "video/audio input and these image options (lmstack reads images for Qwen2-VL and LLaVA)"
+MM = "audio input (lmstack reads images for Qwen2-VL, Qwen2.5-VL, Qwen3-VL and LLaVA)"
 KT = "KTransformers CPU/AMX offload of MoE experts"
 RAY = "Ray-launched training"
 PROF = "the torch profiler"
@@ -68,12 +68,6 @@ LF_FIELDS: dict[str, LFField] = {
     "quantization_method": D("quantization backends other than bitsandbytes", "bnb"),
     "quantization_device_map": D("an automatic device map for a 4-bit model at inference", None),
     # ---- §1.3 ProcessorArguments ----
-    "image_do_pan_and_scan": R(MM, False),
-    "crop_to_patches": R(MM, False),
-    "video_max_pixels": R(MM, 65536),
-    "video_min_pixels": R(MM, 256),
-    "video_fps": R(MM, 2.0),
-    "video_maxlen": R(MM, 128),
     "use_audio_in_video": R(MM, False),
     "audio_sampling_rate": R(MM, 16000),
     # ---- §1.4 ExportArguments ----

@@ -174,6 +174,18 @@ class DataArgs(Section):
     image_min_pixels: int = Field(
         32 * 32, gt=0, description="Vision models: smaller images are upscaled to at least this many pixels."
     )
+    image_do_pan_and_scan: bool = Field(
+        False, description="Gemma 3's pan-and-scan crops of an image (no lmstack family has them: true is refused)."
+    )
+    crop_to_patches: bool = Field(
+        False, description="InternVL's tiling of an image into patches (no lmstack family has it: true is refused)."
+    )
+    video_max_pixels: int = Field(
+        256 * 256, gt=0, description="Videos: frames are downscaled to at most this many pixels."
+    )
+    video_min_pixels: int = Field(16 * 16, gt=0, description="Videos: frames are upscaled to at least this many pixels.")
+    video_fps: float = Field(2.0, gt=0, allow_inf_nan=False, description="Videos: frames sampled per second.")
+    video_maxlen: int = Field(128, gt=0, description="Videos: at most this many frames sampled per video.")
 
     @field_validator("val_size")
     @classmethod
@@ -182,6 +194,15 @@ class DataArgs(Section):
         if value >= 1 and value != int(value):
             raise ValueError(f"got {value}; give a fraction below 1 or a whole number of records")
         return value
+
+    @model_validator(mode="after")
+    def _video_pixel_bounds(self) -> DataArgs:
+        if self.video_max_pixels < self.video_min_pixels:  # LF's ProcessorArguments check
+            raise ValueError(
+                f"video_max_pixels: got {self.video_max_pixels}, less than video_min_pixels "
+                f"{self.video_min_pixels}; raise video_max_pixels or lower video_min_pixels"
+            )
+        return self
 
 
 class FinetuningArgs(Section):

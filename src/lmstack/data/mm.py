@@ -54,6 +54,12 @@ SUPPORTED = (
     "qwen2_vl, qwen2_5_vl (template qwen2_vl), qwen3_vl, qwen3_vl_moe (template qwen3_vl_nothink or "
     "qwen3_vl) and llava (template llava)"
 )
+# LF's image options that only other families read: field -> (the family LF applies it to, what it does)
+FAMILY_IMAGE_OPTIONS = {
+    "image_do_pan_and_scan": ("Gemma 3", "pan-and-scan crops of large images"),
+    "crop_to_patches": ("InternVL", "tiling of each image into patches"),
+}
+VIDEO_FIELDS = ("video_fps", "video_maxlen", "video_max_pixels", "video_min_pixels")
 MEDIA_KINDS = ("media count mismatch", "media outside dataset_dir", "missing media file", "media URL")
 IMAGES_CUT = "image tokens cut by cutoff_len"
 MEDIA_STAGES = ("sft", "dpo")  # dpo: TRL's DPOTrainer with the pixels of each pair (train/dpo.py)
@@ -130,7 +136,9 @@ def media_spec(cfg: Any) -> MediaSpec | None:
 
 def check_media_datasets(cfg: Any, datasets: list[str]) -> None:
     """A dataset with an images column needs a supported vision model, stage sft and no packing;
-    refused before the tokenizer or the model loads, naming what to change."""
+    refused before the tokenizer or the model loads, naming what to change. LF's image options of
+    other families (pan-and-scan, crop_to_patches) are refused when on; its video fields only say that
+    no video is read (a `videos` column itself is refused where the registry is read)."""
     spec = media_spec(cfg)
     defaults = type(cfg.data).model_fields
     changed = [
@@ -140,6 +148,17 @@ def check_media_datasets(cfg: Any, datasets: list[str]) -> None:
         logger.warning(
             "%s: no effect on the text model %s", " / ".join(changed), cfg.model.model_name_or_path
         )
+    for name, (family, what) in FAMILY_IMAGE_OPTIONS.items():
+        if getattr(cfg.data, name):
+            model = f"this {spec.model_type} model" if spec else f"model {cfg.model.model_name_or_path}"
+            raise ConfigError(
+                f"{name}: true is {family}'s {what} in LLaMA-Factory, and {model} has no such option "
+                f"(lmstack reads images for model types {SUPPORTED}; none of them has it); set {name}: false "
+                "or remove it"
+            )
+    videos = [f for f in VIDEO_FIELDS if getattr(cfg.data, f) != defaults[f].default]
+    if videos:
+        logger.info("%s: apply to videos only; the datasets of this run have none", " / ".join(videos))
     for name in ("packing", "neat_packing") if spec is not None else ():
         if getattr(cfg.data, name):
             raise ConfigError(

@@ -196,8 +196,8 @@ def _refuse_media(name: str, columns: dict, registry: Path) -> None:
         if key != "images" and columns.get(key) is not None:
             raise DataError(
                 f"dataset {name}: columns.{key} = {columns[key]!r}: {key[:-1]} input is not available in "
-                f"lmstack (images are, with Qwen2-VL / LLaVA); remove the column from {registry} to train "
-                f"without it (a {placeholder} left in the text is then plain text)"
+                f"lmstack (images are, with Qwen2-VL / Qwen2.5-VL / Qwen3-VL / LLaVA); remove the column from "
+                f"{registry} to train without it (a {placeholder} left in the text is then plain text)"
             )
 
 

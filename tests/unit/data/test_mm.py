@@ -165,26 +165,52 @@ def _spec(cfg):
     return media_spec(cfg)
 
 
-def test_image_max_pixels_downsizes_before_the_processor(tiny_vlm, base_cfg, tmp_path):
+# (family, image tokens of a 300x200 image capped at 100 pixels, uncapped; of a 40x30 image with
+# image_min_pixels 10000, without): the tiny Qwen2-VLs cut 14-pixel patches within 56x56 .. 112x112
+# pixels, the tiny Qwen3-VLs 16-pixel patches within 64x64 .. 128x128, both merged 2 x 2
+PIXEL_BOUNDS = [
+    ("qwen2_vl", 4, 12, 12, 6),  # 28x28 -> 56x56; 300x200 -> 112x84; 115x86 -> 112x84; 40x30 -> 84x56
+    ("qwen2_5_vl", 4, 12, 12, 6),
+    ("qwen3_vl", 4, 12, 12, 6),  # 28x28 -> 64x64; 300x200 -> 128x96; 115x86 -> 128x96; 40x30 -> 96x64
+    ("qwen3_vl_moe", 4, 12, 12, 6),
+]
+
+
+@pytest.mark.parametrize("family,capped,uncapped,raised,unraised", PIXEL_BOUNDS)
+def test_image_max_and_min_pixels_resize_before_the_processor(
+    family, capped, uncapped, raised, unraised, tiny_vlm, base_cfg, tmp_path
+):
     """LF's image_max_pixels: a 300x200 image with a 100-pixel cap is first resized to 12x8, then raised
-    to 28 pixels a side (Qwen2-VL), and the processor's minimum (56x56) gives 2x2 merged tokens."""
+    to 28 pixels a side (LF's Qwen-VL rule), and the processor's minimum gives 2x2 merged tokens.
+    image_min_pixels: a 40x30 image raised to 10000 pixels is 115x86 before the processor."""
     from lmstack.data.mm import image_sizes
 
-    images = write_images(tmp_path, [(300, 200)])
-    write_dataset(tmp_path, [{"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "ok"}], "images": images}])  # fmt: skip
+    def pads(images, **bounds) -> int:
+        write_dataset(tmp_path, [{"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "ok"}], "images": images}])  # fmt: skip
+        cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, overwrite_cache=True, **bounds)
+        proc = processor_of(tiny_vlm[family], family)
+        template = get_template(VISION_TEMPLATE[family], proc.tokenizer)
+        sample = build_datasets(cfg, proc.tokenizer, template).train[0]
+        images = [load_image(str(tmp_path / p), _spec(cfg)) for p in images]
+        grid = proc.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
+        assert sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == int(
+            grid.prod(-1).sum()
+        ) // 4  # the processor's own count for the resized image
+        return sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
+
+    (big,) = write_images(tmp_path, [(300, 200)])
     cfg = vlm_cfg(
-        base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, image_max_pixels=100, image_min_pixels=10
+        base_cfg, tiny_vlm[family], family, tmp_path, image_max_pixels=100, image_min_pixels=10
     )
-    spec = _spec(cfg)
-    assert image_sizes([str(tmp_path / images[0])], spec) == [(28, 28)]
-    proc = processor_of(tiny_vlm["qwen2_vl"], "qwen2_vl")
-    sample = build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer)).train[0]
-    assert sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 4
-    unbounded = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, overwrite_cache=True)
-    big = build_datasets(unbounded, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer)).train[0]
-    assert (
-        big["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 12
-    )  # 84x140 / 28^2
+    assert image_sizes([str(tmp_path / big)], _spec(cfg)) == [(28, 28)]
+    assert pads([big], image_max_pixels=100, image_min_pixels=10) == capped
+    assert pads([big]) == uncapped
+    small = write_images(tmp_path / "small", [(40, 30)])
+    small = [f"small/{p}" for p in small]
+    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, image_min_pixels=10000)
+    assert image_sizes([str(tmp_path / small[0])], _spec(cfg)) == [(115, 86)]
+    assert pads(small, image_min_pixels=10000) == raised
+    assert pads(small) == unraised
 
 
 @pytest.mark.parametrize("formatting", ["alpaca", "openai"])

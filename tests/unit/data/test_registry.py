@@ -15,7 +15,7 @@ from lmstack.data.registry import get_dataset_attrs
 from lmstack.data.validate import check_data
 
 MM_DIR = REPO / "tests" / "fixtures" / "multimodal"
-REFUSED = "input is not available in lmstack (images are, with Qwen2-VL / LLaVA)"
+REFUSED = "input is not available in lmstack (images are, with Qwen2-VL / Qwen2.5-VL / Qwen3-VL / LLaVA)"
 NO_VISION = "has images, but model_name_or_path"
 
 
