@@ -341,3 +341,49 @@ def test_tiny_model_command_builds_a_vision_model(tmp_path):
         == "Qwen2_5_VLForConditionalGeneration"
     )
     assert (tmp_path / "vlm" / "preprocessor_config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "field,owner",
+    [("image_do_pan_and_scan", "Gemma 3's pan-and-scan crops"), ("crop_to_patches", "InternVL's tiling")],
+)
+@pytest.mark.parametrize("family", ["qwen3_vl", "llava"])
+def test_image_options_of_other_families_are_refused_by_name_when_on(
+    field, owner, family, tiny_vlm, base_cfg, tmp_path
+):
+    from lmstack.data.pipeline import check_data_args
+
+    write_dataset(tmp_path, [_one("<image>hi", write_images(tmp_path, [(40, 30)]))])
+    check_data_args(vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, **{field: False}))  # LF's default
+    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, **{field: True})
+    with pytest.raises(ConfigError) as err:
+        check_data_args(cfg)
+    msg = str(err.value)
+    assert msg.startswith(f"{field}: true is {owner}")
+    assert f"this {family} model has no such option" in msg and f"set {field}: false" in msg
+
+
+def test_video_fields_are_validated_and_apply_to_videos_only(tiny_vlm, base_cfg, tmp_path, caplog):
+    """LF's qwen3vl examples set video_max_pixels with image data only: accepted, said to apply to
+    videos only; a `videos` column itself is refused by name (no video decoding yet)."""
+    from lmstack.data.pipeline import check_data_args
+
+    write_dataset(tmp_path, [_one("<image>hi", write_images(tmp_path, [(40, 30)]))])
+    family = "qwen3_vl"
+    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, video_max_pixels=16384, video_fps=1.0)
+    assert (cfg.data.video_max_pixels, cfg.data.video_fps, cfg.data.video_maxlen) == (16384, 1.0, 128)
+    with caplog.at_level("INFO", logger="lmstack.data.mm"):
+        check_data_args(cfg)
+    assert "video_fps / video_max_pixels: apply to videos only; the datasets of this run have none" in caplog.text
+    for bad, reason in [
+        ({"video_max_pixels": 100}, "video_max_pixels: got 100, less than video_min_pixels 256"),
+        ({"video_fps": 0}, "video_fps"),
+        ({"video_maxlen": -1}, "video_maxlen"),
+    ]:
+        with pytest.raises(ConfigError, match=reason):
+            vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, **bad)
+    entry = json.loads((tmp_path / "dataset_info.json").read_text())
+    entry["mm"]["columns"]["videos"] = "videos"
+    (tmp_path / "dataset_info.json").write_text(json.dumps(entry))
+    with pytest.raises(DataError, match=r"dataset mm: columns.videos = 'videos': video input is not available"):
+        check_data_args(cfg)
