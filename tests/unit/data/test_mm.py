@@ -387,3 +387,71 @@ def test_video_fields_are_validated_and_apply_to_videos_only(tiny_vlm, base_cfg,
     (tmp_path / "dataset_info.json").write_text(json.dumps(entry))
     with pytest.raises(DataError, match=r"dataset mm: columns.videos = 'videos': video input is not available"):
         check_data_args(cfg)
+
+
+def test_a_real_qwen3_vl_processor_config_loads_without_torchvision_and_counts_its_tokens(tiny_vlm, tmp_path):
+    """Qwen3-VL checkpoints name the fast (torchvision) Qwen2-VL image processor; without torchvision
+    transformers loads its PIL twin from the same file. With LF's image_max_pixels 262144 a 640x480
+    photo is 591x443, the processor's smart_resize (16-pixel patches merged 2 x 2, at least 65536
+    pixels) makes it 576x448: 36 x 28 patches, 252 image tokens, as the processor's own grid says."""
+    import shutil
+
+    from PIL import Image
+
+    from lmstack.data.mm import image_seqlen, media_spec, model_input_size, regularized_size
+
+    folder = tmp_path / "qwen3_vl_4b"
+    folder.mkdir()
+    shutil.copyfile(tiny_vlm["qwen3_vl"] / "config.json", folder / "config.json")
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+        "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+    }))  # fmt: skip
+    from lmstack.config.load import build_config
+
+    cfg = build_config({"model_name_or_path": str(folder), "output_dir": str(tmp_path / "o"), "image_max_pixels": 262144})
+    spec = media_spec(cfg)
+    assert (spec.plugin, spec.patch_size, spec.merge_size, spec.min_pixels) == ("qwen3_vl", 16, 2, 65536)
+    size = regularized_size(640, 480, spec)
+    assert size == (591, 443) and model_input_size(*size, spec) == (576, 448)
+    assert image_seqlen(*size, spec) == 252
+    from transformers import AutoImageProcessor
+
+    proc = AutoImageProcessor.from_pretrained(folder)
+    assert type(proc).__name__ == "Qwen2VLImageProcessorPil"
+    image = Image.new("RGB", (640, 480), (10, 120, 200)).resize(size)
+    assert proc(images=[image], return_tensors="pt")["image_grid_thw"].tolist() == [[1, 28, 36]]
+
+
+@pytest.mark.parametrize("family", QWEN_VL)
+def test_the_collated_pixels_and_token_types_are_the_processors_own(family, tiny_vlm, base_cfg, tmp_path):
+    """The batch the model gets equals the family's processor output for the same text and images:
+    pixel_values, image_grid_thw and, where the processor writes them, mm_token_type_ids."""
+    import torch
+
+    from lmstack.data.mm_collate import MediaCollator
+
+    images = write_images(tmp_path)
+    messages = [{"role": "user", "content": "<image>One <image>two <image>three"}, {"role": "assistant", "content": "ok"}]
+    write_dataset(tmp_path, [{"messages": messages, "images": images}])
+    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path)
+    proc = processor_of(tiny_vlm[family], family)
+    template = get_template(VISION_TEMPLATE[family], proc.tokenizer)
+    sample = build_datasets(cfg, proc.tokenizer, template).train[0]
+    spec = _spec(cfg)
+    image_id = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    batch = MediaCollator(proc.tokenizer.pad_token_id, spec, proc.image_processor, image_id)([sample])
+    raw = "<|vision_start|><|image_pad|><|vision_end|>"
+    text = template.render(
+        [dict(m, content=m["content"].replace("<image>", raw)) for m in messages],
+        template.default_system,
+        proc.tokenizer,
+    )
+    ref = proc(text=[text], images=[load_image(str(tmp_path / p), spec) for p in images], return_tensors="pt")
+    assert batch["input_ids"][0].tolist() == ref["input_ids"][0].tolist()
+    assert torch.equal(batch["pixel_values"], ref["pixel_values"])
+    assert torch.equal(batch["image_grid_thw"], ref["image_grid_thw"])
+    if family.startswith("qwen3_vl"):  # Qwen3VLProcessor writes them; the model's rope index reads them
+        assert batch["mm_token_type_ids"].tolist() == ref["mm_token_type_ids"].tolist()
+        assert int(batch["mm_token_type_ids"].sum()) == int(ref["image_grid_thw"].prod(-1).sum()) // 4
