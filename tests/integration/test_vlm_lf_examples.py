@@ -338,3 +338,30 @@ def test_lfs_vision_example_yaml_passes_check_with_model_and_dataset_dir_swapped
     example = "".join(part["text"] for part in report["example"])
     assert report["example_dataset"] == datasets[0]
     assert example.count("<|vision_start|>" + "<|image_pad|>" * 12 + "<|vision_end|>") == images // 3
+
+
+def test_lfs_oft_example_trains_the_language_model_of_the_tiny_qwen2_5_vl(tiny_models, lf_data, tmp_path, monkeypatch):
+    """qwen2_5vl_oft_sft.yaml runs, not only checks: OFT (block size 32) on every linear layer of the
+    language model, the vision tower and projector left out (LF's defaults freeze them), on LF's mixed
+    image + text datasets; the adapter reloads onto the base model."""
+    from peft import PeftModel
+    from transformers import AutoModelForImageTextToText
+
+    from lmstack.train.run import train
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "oft.yaml").write_text(QWEN2_5VL_OFT_SFT)
+    base = tiny_models["qwen2_5_vl"]
+    overrides = [f"model_name_or_path={base}", f"dataset_dir={lf_data}", "max_steps=3", "logging_steps=1",
+                 "max_samples=8", "bf16=false", "save_steps=100"]  # fmt: skip
+    train(str(tmp_path / "oft.yaml"), overrides)
+    out = tmp_path / "saves" / "qwen2_5vl-7b" / "oft" / "sft"
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["peft_type"] == "OFT" and config["oft_block_size"] == 32
+    targets = config["target_modules"]
+    assert targets and all("language_model" in t for t in targets)
+    assert not any("visual" in t for t in targets)
+    logs = [json.loads(line) for line in (out / "trainer_log.jsonl").read_text().splitlines()]
+    assert sum("loss" in r for r in logs) == 3
+    model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(base), out)
+    assert any("oft_R" in n for n, _ in model.named_parameters())
