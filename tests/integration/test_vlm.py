@@ -281,7 +281,7 @@ def test_the_planned_chunked_cross_entropy_equals_the_vision_models_own_loss(
     assert not torch.allclose(model(**other).loss, chunked)  # the pixels are read
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "llava"])
 def test_the_planner_reads_a_vision_model_with_its_vision_tower(family, tiny_vlm):
     """The planner's model spec (gradient_checkpointing: auto, lmstack plan) built AutoModelForCausalLM,
     which has no class for these configs; now the whole model, vision tower included, is counted."""
