@@ -122,32 +122,30 @@ def build_tiny_model(
     return out
 
 
-# ---- tiny vision-language models (`lmstack tiny-model DIR --vision qwen2_vl|llava`) -----------------
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava", "qwen2_audio")
-# the special tokens each family's processor writes for an image (Qwen2-VL: start, pads, end)
-VISION_TOKENS = {
-    "qwen2_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
-    "qwen2_5_vl": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
-    "llava": ["<image>"],
-    "qwen2_audio": ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"],
-}
+# ---- tiny vision-language models (`lmstack tiny-model DIR --vision FAMILY`) ----------------------
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava", "qwen2_audio")
+_QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+# the special tokens each family's processor writes for an image (Qwen-VL: start, pads, end)
+VISION_TOKENS = {family: _QWEN_VL_TOKENS for family in VISION_FAMILIES if family.startswith("qwen") and "vl" in family}
+VISION_TOKENS["llava"] = ["<image>"]
+VISION_TOKENS["qwen2_audio"] = ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
 TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 # image processor bounds of the tiny Qwen2-VL: 4..16 merged tokens per image (56x56 .. 112x112 pixels)
 TINY_QWEN2_VL_PIXELS = dict(min_pixels=56 * 56, max_pixels=112 * 112)
 TINY_LLAVA_IMAGE = 28  # CLIP input size: (28 / 14)^2 = 4 image tokens
 # video processor bounds of the tiny Qwen2-VL: frames of 56x56 .. 112x112 pixels, as its images
 TINY_QWEN2_VL_VIDEO = dict(TINY_QWEN2_VL_PIXELS)
+# Qwen3-VL's image processor is Qwen2-VL's with patch 16 and mean/std 0.5 (its preprocessor_config.json);
+# bounds of the tiny one: 4..16 merged tokens per image (64x64 .. 128x128 pixels, 32-pixel units)
+TINY_QWEN3_VL_PIXELS = dict(min_pixels=64 * 64, max_pixels=128 * 128)
+TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1)
 
 
 def _qwen2_vl_parts(tokenizer, text_dims: dict, v2_5: bool = False):
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 
-    try:  # the PIL image processor (no torchvision needed); older transformers: the one there is
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-    except ImportError:
-        from transformers import Qwen2VLImageProcessor as Qwen2VLImageProcessorPil
-
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS["qwen2_vl"]}
+    Qwen2VLImageProcessorPil = _qwen2_vl_image_processor()  # noqa: N806 (a class)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _QWEN_VL_TOKENS}
     head_dim = text_dims["hidden_size"] // text_dims["num_attention_heads"]
     quarter = head_dim // 8  # mrope sections (temporal, height, width) sum to head_dim / 2
     vision = dict(
@@ -265,6 +263,67 @@ def _qwen2_audio_parts(tokenizer, text_dims: dict):
     return config, extractor, processor
 
 
+def _qwen3_vl_parts(tokenizer, text_dims: dict, moe: bool = False):
+    """Qwen3-VL (dense: Qwen3VLConfig; MoE: Qwen3VLMoeConfig): a SigLIP-style tower with learned
+    position embeddings, its patch merger and one DeepStack merger (features of vision block 0 added
+    to the first decoder layer), a Qwen3 decoder with interleaved M-RoPE."""
+    from transformers import Qwen3VLConfig, Qwen3VLMoeConfig
+
+    image_processor = _qwen2_vl_image_processor()(
+        patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+        **TINY_QWEN3_VL_PIXELS,
+    )  # fmt: skip
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _QWEN_VL_TOKENS}
+    head_dim = text_dims["hidden_size"] // text_dims["num_attention_heads"]
+    section = head_dim // 2 // 3  # (temporal, height, width) sum to head_dim / 2, as [24, 20, 20] of 128
+    text = dict(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        head_dim=head_dim,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [head_dim // 2 - 2 * section, section, section],
+            "mrope_interleaved": True,
+        },
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        **text_dims,
+        **(TINY_MOE if moe else {}),
+    )
+    vision = dict(
+        depth=TINY_VISION["num_hidden_layers"],
+        hidden_size=TINY_VISION["hidden_size"],
+        intermediate_size=TINY_VISION["intermediate_size"],
+        num_heads=TINY_VISION["num_attention_heads"],
+        out_hidden_size=text_dims["hidden_size"],
+        num_position_embeddings=64,  # an 8 x 8 grid of learned positions, interpolated per image
+        deepstack_visual_indexes=[0],
+        initializer_range=text_dims.get("initializer_range", 0.02),
+    )
+    config = (Qwen3VLMoeConfig if moe else Qwen3VLConfig)(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    return config, image_processor, {"processor_class": "Qwen3VLProcessor"}
+
+
+def _qwen2_vl_image_processor():
+    """Qwen2-VL's image processor class without torchvision (the PIL one; older transformers: the one there is)."""
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    except ImportError:
+        from transformers import Qwen2VLImageProcessor as Qwen2VLImageProcessorPil
+    return Qwen2VLImageProcessorPil
+
+
 def _llava_parts(tokenizer, text_dims: dict):
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
 
@@ -305,7 +364,8 @@ def _llava_parts(tokenizer, text_dims: dict):
 def build_tiny_vision_model(
     out_dir: str | Path, family: str = "qwen2_vl", data_dir: str | Path | None = "data", seed: int = 0
 ) -> Path:
-    """A random-init vision-language model of a real architecture (Qwen2-VL, or LLaVA = CLIP + Llama)
+    """A random-init vision-language model of a real architecture (Qwen2-VL, Qwen2.5-VL, Qwen3-VL dense
+    or MoE, or LLaVA = CLIP + Llama)
     with the tiny tokenizer plus the family's image tokens, its image processor and processor config,
     loadable offline by AutoModelForImageTextToText / AutoImageProcessor / AutoProcessor."""
     import torch
@@ -321,6 +381,10 @@ def build_tiny_vision_model(
         config, image_processor, processor = _llava_parts(tokenizer, dict(TINY_DIMS))
     elif family == "qwen2_audio":
         config, image_processor, processor = _qwen2_audio_parts(tokenizer, dict(TINY_DIMS))
+    elif family.startswith("qwen3_vl"):
+        config, image_processor, processor = _qwen3_vl_parts(
+            tokenizer, dict(TINY_DIMS), family == "qwen3_vl_moe"
+        )
     else:
         config, image_processor, processor = _qwen2_vl_parts(
             tokenizer, dict(TINY_DIMS), family == "qwen2_5_vl"

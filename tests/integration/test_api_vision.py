@@ -222,3 +222,50 @@ def test_an_image_outside_a_user_message_is_refused(vlm_server, picture):
     }
     message = refusal(vlm_server, [system, {"role": "user", "content": QUESTION}])
     assert message == "messages[0].content[0]: image_url is allowed in user messages only (got 'system')"
+
+
+@pytest.fixture(scope="module")
+def qwen3_vl_cfg(tmp_path_factory, picture) -> dict:
+    from lmstack.tiny import build_tiny_vision_model
+
+    model = build_tiny_vision_model(tmp_path_factory.mktemp("vlm3") / "qwen3_vl", "qwen3_vl", data_dir=DATA)
+    return {
+        "model_name_or_path": str(model),
+        "template": "qwen3_vl_nothink",
+        "do_sample": False,
+        "max_new_tokens": 6,
+        "dataset_dir": str(picture),
+    }
+
+
+def test_a_qwen3_vl_image_request_gets_the_training_prompt_and_the_chat_reply(
+    qwen3_vl_cfg, picture, base_cfg, tmp_path
+):
+    """Qwen3-VL (its rope index needs mm_token_type_ids at generation too): the API's prompt is the
+    training prompt of the same record, token for token in count, and its reply is `lmstack chat`'s."""
+    from lmstack.config.load import build_config
+    from lmstack.data.pipeline import build_datasets
+    from lmstack.infer.engine import ChatEngine, load_infer_config
+    from lmstack.infer.vision import session_for
+
+    engine = ChatEngine.from_config(load_infer_config(None, qwen3_vl_cfg))
+    chat = session_for(engine)
+    (note,) = chat.send(f"/image {picture / 'red.png'}")
+    assert note.startswith("[image 1 attached")
+    (expected,) = chat.send(QUESTION)
+    assert chat.images  # the reply saw the picture
+    train_cfg = build_config({**base_cfg, **qwen3_vl_cfg, "dataset": "pics", "cutoff_len": 256})
+    sample = build_datasets(train_cfg, engine.tokenizer, engine.template).train[0]
+    prompt_len = next(i for i, label in enumerate(sample["labels"]) if label != -100)
+    pads = sample["input_ids"][:prompt_len].count(engine.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
+    assert pads == 4  # 64x48 -> 64x64 (32-pixel units, the tiny processor's minimum) = 4 x 4 patches / 2^2
+
+    url, proc = start_api(tmp_path, qwen3_vl_cfg, "--model-name", MODEL, "--image-dir", str(picture))
+    try:
+        reply = client(url).chat.completions.create(
+            model=MODEL, messages=image_message(data_url(picture / "red.png"))
+        )
+    finally:
+        stop_api(proc)
+    assert reply.usage.prompt_tokens == prompt_len
+    assert reply.choices[0].message.content == expected

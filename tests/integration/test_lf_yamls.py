@@ -73,6 +73,7 @@ def test_lf_merge_and_inference_yamls_use_the_trained_adapter(tmp_path, tiny_mod
         ({"use_kt": True}, "not available in lmstack"),
         ({"infer_backend": "vllm"}, "infer_backend: vllm serves chat/api only; train and eval need"),
         ({"use_audio_in_video": True}, "not available in lmstack"),
+        ({"image_do_pan_and_scan": True}, "image_do_pan_and_scan: true is Gemma 3.s pan-and-scan crops"),
         ({"tensor_model_parallel_size": 2}, "not available in lmstack"),
     ],
 )

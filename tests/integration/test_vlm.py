@@ -1,6 +1,7 @@
 """LF's multimodal demo data (mllm_demo.json: sharegpt messages + images) trains on the tiny vision
-models through `lmstack train` (the real Trainer): the loss falls, the adapter is saved and reloads,
-and the freeze_* switches decide which parts change."""
+models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL dense and MoE, LLaVA) through `lmstack train` (the real
+Trainer): the loss falls, the adapter is saved and reloads, and the freeze_* switches decide which
+parts change."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from lmstack.train.run import train
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 220), "yellow": (230, 220, 40)}
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava")
+TEMPLATES = {"llava": "llava", "qwen3_vl": "qwen3_vl_nothink", "qwen3_vl_moe": "qwen3_vl_nothink"}
 
 
 @pytest.fixture(scope="module")
@@ -20,9 +23,7 @@ def tiny_vlm(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tiny_vlm")
     data = Path(__file__).resolve().parents[2] / "data"
-    return {
-        f: build_tiny_vision_model(root / f, f, data_dir=data) for f in ("qwen2_vl", "qwen2_5_vl", "llava")
-    }
+    return {f: build_tiny_vision_model(root / f, f, data_dir=data) for f in FAMILIES}
 
 
 @pytest.fixture
@@ -56,7 +57,7 @@ def vlm_run(base_cfg, model: Path, family: str, data: Path, **overrides) -> dict
     return {
         **base_cfg,
         "model_name_or_path": str(model),
-        "template": "llava" if family == "llava" else "qwen2_vl",
+        "template": TEMPLATES.get(family, "qwen2_vl"),
         "dataset": "mllm_demo",
         "dataset_dir": str(data),
         "cutoff_len": 256,
@@ -72,7 +73,7 @@ def losses(out: Path) -> list[float]:
     return [json.loads(ln)["loss"] for ln in lines if "loss" in json.loads(ln)]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_lora_on_mllm_demo_loss_falls_adapter_reloads_vision_tower_untouched(
     family, tiny_vlm, mllm_demo, base_cfg
 ):
@@ -120,6 +121,30 @@ def test_full_finetuning_trains_the_parts_the_freeze_switches_leave(
     assert _changed(before, after, "multi_modal_projector") is projector_changes
 
 
+@pytest.mark.parametrize("unfreeze", [False, True])
+def test_qwen3_vl_full_finetuning_freezes_lfs_vision_keys_with_the_deepstack_mergers(
+    unfreeze, tiny_vlm, mllm_demo, base_cfg
+):
+    """LF's Qwen3-VL parts: the vision tower is pos_embed, patch_embed, blocks and the DeepStack
+    mergers; the projector the final merger. LF's qwen3vl_full_sft switches (tower and projector frozen)
+    train the language model only; unfrozen, every part changes."""
+    from safetensors.torch import load_file
+
+    model = tiny_vlm["qwen3_vl"]
+    switches = {"freeze_vision_tower": not unfreeze, "freeze_multi_modal_projector": not unfreeze}
+    cfg = vlm_run(
+        base_cfg, model, "qwen3_vl", mllm_demo, finetuning_type="full", max_steps=3,
+        freeze_language_model=False, **switches,
+    )  # fmt: skip
+    train(None, cfg)
+    before = load_file(model / "model.safetensors")
+    after = load_file(Path(cfg["output_dir"]) / "model.safetensors")
+    assert _changed(before, after, "language_model.layers")
+    for piece in ("visual.pos_embed", "visual.patch_embed", "visual.blocks", "visual.deepstack_merger_list"):
+        assert _changed(before, after, piece) is unfreeze, piece
+    assert _changed(before, after, "visual.merger.") is unfreeze
+
+
 def test_freeze_language_model_keeps_it_and_lora_goes_to_the_unfrozen_vision_tower(
     tiny_vlm, mllm_demo, base_cfg
 ):
@@ -152,7 +177,7 @@ def test_export_merges_the_adapter_and_saves_the_processor(tiny_vlm, mllm_demo, 
     assert not _changed(before, after, "visual.blocks")
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "llava"])
 def test_chat_image_command_and_openai_image_parts_build_the_training_prompt(
     family, tiny_vlm, mllm_demo, base_cfg
 ):
@@ -256,7 +281,7 @@ def test_the_planned_chunked_cross_entropy_equals_the_vision_models_own_loss(
     assert not torch.allclose(model(**other).loss, chunked)  # the pixels are read
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_vl_moe", "llava"])
 def test_the_planner_reads_a_vision_model_with_its_vision_tower(family, tiny_vlm):
     """The planner's model spec (gradient_checkpointing: auto, lmstack plan) built AutoModelForCausalLM,
     which has no class for these configs; now the whole model, vision tower included, is counted."""
@@ -302,9 +327,10 @@ def rlhf_v_demo(tmp_path) -> Path:
     return folder
 
 
-def test_dpo_on_image_preference_pairs_learns_the_preference(tiny_vlm, rlhf_v_demo, base_cfg):
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl"])
+def test_dpo_on_image_preference_pairs_learns_the_preference(family, tiny_vlm, rlhf_v_demo, base_cfg):
     cfg = vlm_run(
-        base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", rlhf_v_demo, stage="dpo", dataset="rlhf_v_demo",
+        base_cfg, tiny_vlm[family], family, rlhf_v_demo, stage="dpo", dataset="rlhf_v_demo",
         max_steps=12, learning_rate=1e-2, pref_beta=0.1,
     )  # fmt: skip
     train(None, cfg)

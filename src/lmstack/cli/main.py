@@ -347,6 +347,8 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lmstack.tiny import VISION_FAMILIES  # plain names; tiny.py imports torch only when it builds
+
     parser = argparse.ArgumentParser(
         prog="lmstack",
         description="One YAML file drives the whole LLM training stack.",
@@ -379,7 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"], help="architecture")
     p.add_argument(
         "--vision",
-        choices=["qwen2_vl", "qwen2_5_vl", "llava", "qwen2_audio"],
+        choices=list(VISION_FAMILIES),
         help="a vision-language (or Qwen2-Audio) model instead, with its image processor / feature extractor",
     )
     p.set_defaults(func=cmd_tiny_model)

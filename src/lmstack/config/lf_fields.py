@@ -35,7 +35,6 @@ def R(feature: str, lf_default: Any = None, hint: str = "") -> LFField:  # noqa:
     return LFField(REFUSED, feature, lf_default, hint)
 
 
-MM = "these image options (lmstack reads images for Qwen2-VL and LLaVA, videos for Qwen2-VL, audio for Qwen2-Audio)"
 KT = "KTransformers CPU/AMX offload of MoE experts"
 PROF = "the torch profiler"
 OLD_RAY = "an older LLaMA-Factory Ray Train option, for where Ray keeps its own run records"
@@ -69,8 +68,6 @@ LF_FIELDS: dict[str, LFField] = {
     "quantization_method": D("quantization backends other than bitsandbytes", "bnb"),
     "quantization_device_map": D("an automatic device map for a 4-bit model at inference", None),
     # ---- §1.3 ProcessorArguments ----
-    "image_do_pan_and_scan": R(MM, False),
-    "crop_to_patches": R(MM, False),
     "use_audio_in_video": R(
         "the audio track of videos (Qwen2.5-Omni / Qwen3-Omni, not built in lmstack)", False
     ),

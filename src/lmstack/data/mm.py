@@ -4,11 +4,13 @@ their expansion into the model's image tokens, exactly as the model's processor 
 A record's `images` (a path or a list of paths, relative to dataset_dir; never outside it, never a URL:
 lmstack reads no network) must match its `<image>` placeholders one for one, counted over all its
 messages (LLaMA-Factory's rule at training time; it prepends placeholders only at inference). Each
-image is first resized as LLaMA-Factory does (`image_max_pixels` / `image_min_pixels`, RGB; Qwen2-VL
-also at least 28 pixels a side and an aspect ratio of at most 200), then each placeholder becomes:
+image is first resized as LLaMA-Factory does (`image_max_pixels` / `image_min_pixels`, RGB; the Qwen-VL
+plugins also at least 28 pixels a side and an aspect ratio of at most 200), then each placeholder becomes:
 
-- qwen2_vl (Qwen2-VL, Qwen2.5-VL): `<|vision_start|>` + `<|image_pad|>` x (grid_h x grid_w / merge_size^2)
-  + `<|vision_end|>`, the grid from the image processor's own smart_resize of that size;
+- qwen2_vl (Qwen2-VL, Qwen2.5-VL) and qwen3_vl (Qwen3-VL dense and MoE): `<|vision_start|>` +
+  `<|image_pad|>` x (grid_h x grid_w / merge_size^2) + `<|vision_end|>`, the grid from the image
+  processor's own smart_resize of that size (Qwen3-VL: the same Qwen2-VL image processor, 16-pixel
+  patches, so 32-pixel units after the 2 x 2 merge);
 - llava (LLaVA-1.5): `<image>` x (image_size / patch_size)^2 (+1 with vision_feature_select_strategy full).
 
 The vision tokens are prompt tokens (label -100, as every prompt token). The encoded sample keeps its
@@ -35,20 +37,38 @@ from lmstack.memory import model_facts
 
 logger = logging.getLogger(__name__)
 IMAGE_PLACEHOLDER = "<image>"
-MODEL_PLUGINS = {
+MODEL_PLUGINS = {  # model_type -> LLaMA-Factory's mm plugin (the templates name it: mm_plugin)
     "qwen2_vl": "qwen2_vl",
     "qwen2_5_vl": "qwen2_vl",
+    "qwen3_vl": "qwen3_vl",
+    "qwen3_vl_moe": "qwen3_vl",
     "llava": "llava",
     "qwen2_audio": "qwen2_audio",
-}  # fmt: skip  (model_type -> plugin)
+}
+QWEN_VL_PLUGINS = frozenset({"qwen2_vl", "qwen3_vl"})  # grid-sized image tokens, M-RoPE, smart_resize
 PLUGIN_TOKENS = {  # (before, image token, after) per image, as LLaMA-Factory's mm plugins write them
     "qwen2_vl": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
+    "qwen3_vl": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
     "llava": ("", "<image>", ""),
     "qwen2_audio": ("", "", ""),  # no images: its audio tokens are in media_audio.py
 }
-SUPPORTED = "qwen2_vl, qwen2_5_vl (template qwen2_vl) and llava (template llava)"
+PLUGIN_TEMPLATES = {
+    "qwen2_vl": "qwen2_vl",
+    "qwen3_vl": "qwen3_vl_nothink (or qwen3_vl)",
+    "llava": "llava",
+    "qwen2_audio": "qwen2_audio",
+}
+SUPPORTED = (
+    "qwen2_vl, qwen2_5_vl (template qwen2_vl), qwen3_vl, qwen3_vl_moe (template qwen3_vl_nothink or "
+    "qwen3_vl) and llava (template llava)"
+)
 AUDIO_SUPPORTED = "qwen2_audio (template qwen2_audio)"
 VIDEO_SUPPORTED = "qwen2_vl, qwen2_5_vl (template qwen2_vl)"
+# LF's image options that only other families read: field -> (the family LF applies it to, what it does)
+FAMILY_IMAGE_OPTIONS = {
+    "image_do_pan_and_scan": ("Gemma 3", "pan-and-scan crops of large images"),
+    "crop_to_patches": ("InternVL", "tiling of each image into patches"),
+}
 MEDIA_KINDS = (
     "media count mismatch", "media outside dataset_dir", "missing media file", "media URL",
     "unreadable media file", "media not supported",
@@ -62,14 +82,14 @@ _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 class MediaSpec:
     """What turning a record's images into tokens needs; plain values (part of the cache key)."""
 
-    plugin: str  # qwen2_vl | llava
+    plugin: str  # qwen2_vl | qwen3_vl | llava
     model_type: str
     media_dir: str  # absolute; image paths are relative to it
     image_max_pixels: int
     image_min_pixels: int
     patch_size: int = 14
-    merge_size: int = 1  # qwen2_vl: spatial merge of the processor
-    min_pixels: int = 0  # qwen2_vl: the image processor's own resize bounds
+    merge_size: int = 1  # qwen2_vl / qwen3_vl: spatial merge of the processor
+    min_pixels: int = 0  # qwen2_vl / qwen3_vl: the image processor's own resize bounds
     max_pixels: int = 0
     image_seqlen: int = 0  # llava: tokens per image
     image_size: int = 0  # llava: the square the processor crops every image to
@@ -122,8 +142,9 @@ def media_spec(cfg: Any) -> MediaSpec | None:
     from lmstack.data.media_video import video_spec
 
     return MediaSpec(
-        "qwen2_vl",
-        video=video_spec(str(path), d, kind),
+        MODEL_PLUGINS[kind],
+        # Qwen3-VL's videos (16-pixel patches, frame timestamps in the text) are not built: images only
+        video=video_spec(str(path), d, kind) if MODEL_PLUGINS[kind] == "qwen2_vl" else None,
         patch_size=proc.patch_size,
         merge_size=proc.merge_size,
         min_pixels=size.get("shortest_edge", size.get("min_pixels")),
@@ -137,7 +158,7 @@ def check_media_datasets(
 ) -> None:
     """A dataset with an images / videos / audios column needs a model that reads that modality, stage
     sft (images: also dpo) and no packing; refused before the tokenizer or the model loads, naming what
-    to change."""
+    to change. LF's image options of other families (pan-and-scan, crop_to_patches) are refused when on."""
     spec = media_spec(cfg)
     defaults = type(cfg.data).model_fields
     changed = [
@@ -147,6 +168,14 @@ def check_media_datasets(
         logger.warning(
             "%s: no effect on the text model %s", " / ".join(changed), cfg.model.model_name_or_path
         )
+    for name, (family, what) in FAMILY_IMAGE_OPTIONS.items():
+        if getattr(cfg.data, name):
+            model = f"this {spec.model_type} model" if spec else f"model {cfg.model.model_name_or_path}"
+            raise ConfigError(
+                f"{name}: true is {family}'s {what} in LLaMA-Factory, and {model} has no such option "
+                f"(lmstack reads images for model types {SUPPORTED}; none of them has it); set {name}: false "
+                "or remove it"
+            )
     av_fields = {
         "video": ("video_max_pixels", "video_min_pixels", "video_fps", "video_maxlen"),
         "audio": ("audio_sampling_rate",),
@@ -171,7 +200,7 @@ def check_media_datasets(
         if getattr(cfg.data, name):
             raise ConfigError(
                 f"{name}: not available with the {'audio' if spec.plugin == 'qwen2_audio' else 'vision'} model {cfg.model.model_name_or_path}: it computes "
-                f"{'its 3D rope positions' if spec.plugin == 'qwen2_vl' else 'its positions'} per sample "
+                f"{'its 3D rope positions' if spec.plugin in QWEN_VL_PLUGINS else 'its positions'} per sample "
                 f"and packed rows would mix them; set {name}: false"
             )
     if not (datasets or videos or audios):
@@ -221,7 +250,7 @@ def check_media_template(spec: MediaSpec | None, template: Any, datasets: list[s
             f"template: {getattr(template, 'name', template)!r} "
             + (f"writes images for {plugin}, not for" if plugin else "has no image support for")
             + f" this {spec.model_type} model (dataset {', '.join(datasets)} has images); use template: "
-            f"{spec.plugin} (supported: {SUPPORTED})"
+            f"{PLUGIN_TEMPLATES[spec.plugin]} (supported: {SUPPORTED})"
         )
 
 
@@ -261,7 +290,7 @@ def regularized_size(width: int, height: int, spec: MediaSpec) -> tuple[int, int
         if (width * height > bound) if larger else (width * height < bound):
             factor = math.sqrt(bound / (width * height))
             width, height = int(width * factor), int(height * factor)
-    if spec.plugin == "qwen2_vl":
+    if spec.plugin in QWEN_VL_PLUGINS:  # LF's Qwen2VLPlugin._preprocess_image (Qwen3VLPlugin inherits it)
         if min(width, height) < 28:
             width, height = max(width, 28), max(height, 28)
         if width / height > 200:
@@ -447,5 +476,5 @@ def inference_messages(messages: list[dict], images: list[Any], spec: MediaSpec)
 
 
 def pixel_inputs(images: list[Any], spec: MediaSpec, image_processor: Any) -> dict:
-    """The model inputs of regularized PIL images (pixel_values, + image_grid_thw for Qwen2-VL)."""
+    """The model inputs of regularized PIL images (pixel_values, + image_grid_thw for the Qwen-VLs)."""
     return dict(image_processor(images=images, return_tensors="pt")) if images else {}

@@ -1,8 +1,9 @@
 """The collator of image samples (data/mm.py): text padded as for text samples, plus the pixels of
-the batch's images from the model's image processor (Qwen2-VL: `pixel_values` of patches and
+the batch's images from the model's image processor (Qwen2-VL / Qwen3-VL: `pixel_values` of patches and
 `image_grid_thw`; LLaVA: `pixel_values` [images, 3, H, W]). No position ids: the model computes its
-own (Qwen2-VL's 3D rope index from input_ids, image_grid_thw and the attention mask; transformers >= 5.2x
-also wants `mm_token_type_ids`, 1 at the image tokens, as its processor returns them)."""
+own (the Qwen-VLs' 3D rope index from input_ids, image_grid_thw and the attention mask; Qwen3-VL, and
+Qwen2-VL in transformers >= 5.2x, also want `mm_token_type_ids`, 1 at the image tokens, as their
+processors return them)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 from typing import Any
 
 from lmstack.config.errors import DataError
-from lmstack.data.mm import MediaSpec, load_image
+from lmstack.data.mm import QWEN_VL_PLUGINS, MediaSpec, load_image
 from lmstack.data.padding import pad_right
 
 
@@ -22,7 +23,7 @@ class MediaCollator:
         self.spec = spec
         self.image_processor = image_processor
         self.image_token_id = image_token_id
-        self.token_types = spec.plugin == "qwen2_vl" and takes_token_types(spec.model_type)
+        self.token_types = spec.plugin in QWEN_VL_PLUGINS and takes_token_types(spec.model_type)
         self.av = av  # data/mm_av_collate.AVBatcher of a model that reads videos or audio
 
     def __call__(self, features: list[dict]) -> dict:
@@ -60,10 +61,12 @@ class MediaCollator:
 
 
 def takes_token_types(model_type: str) -> bool:
-    """Whether this transformers' Qwen2-VL / Qwen2.5-VL reads `mm_token_type_ids` (newer 5.x; older
-    ones refuse it)."""
+    """Whether this transformers' Qwen-VL reads `mm_token_type_ids` (Qwen3-VL always: its rope index
+    is built from them; Qwen2-VL / Qwen2.5-VL in newer 5.x, older ones refuse it)."""
     import inspect
 
+    if model_type in ("qwen3_vl", "qwen3_vl_moe"):
+        return True
     if model_type == "qwen2_5_vl":
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel as Model
     else:

@@ -1,4 +1,4 @@
-"""Images at inference for the vision models lmstack trains (Qwen2-VL, Qwen2.5-VL, LLaVA): the terminal
+"""Images at inference for the vision models lmstack trains (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA): the terminal
 chat's `/image PATH` command (and `/video PATH` for Qwen2-VL / Qwen2.5-VL, `/audio PATH` for
 Qwen2-Audio, prepared as training prepares them: data/mm_av.py), and OpenAI `image_url` content parts
 (a local file or a data URL) for the API. The prompt is built as training builds it (data/mm.py: LLaMA-Factory's resize, the
@@ -16,6 +16,8 @@ from typing import Any
 from lmstack.config.errors import ConfigError
 from lmstack.data.mm import (
     IMAGE_PLACEHOLDER,
+    QWEN_VL_PLUGINS,
+    SUPPORTED,
     MediaSpec,
     inference_messages,
     media_spec,
@@ -95,7 +97,7 @@ class VisionInputs:
         if spec is None:
             raise ConfigError(
                 f"images: {engine.cfg.model.model_name_or_path} is not a supported vision model "
-                "(qwen2_vl, qwen2_5_vl, llava)"
+                f"(model types {SUPPORTED})"
             )
         self.engine, self.spec = engine, spec
         audio_only = spec.plugin == "qwen2_audio"
@@ -155,7 +157,8 @@ class VisionInputs:
         """Generates from a `prompt()` with transformers' `generate`, not the engine's continuous
         batcher (which feeds no pixels): one image generation at a time (`self.lock`), while the
         batcher keeps serving text. Qwen2-VL keeps its rope deltas on the model between generate
-        calls, which only these serialized calls write (the batcher passes its own position ids).
+        calls, which only these serialized calls write (the batcher passes its own position ids);
+        Qwen3-VL too.
         `cancel.is_set()` stops it at the next token."""
         import torch
 
@@ -236,7 +239,7 @@ def _unsupported(sampling: Sampling) -> str | None:
 def _needs_token_types(spec: MediaSpec) -> bool:
     from lmstack.data.mm_collate import takes_token_types
 
-    return spec.plugin == "qwen2_vl" and takes_token_types(spec.model_type)
+    return spec.plugin in QWEN_VL_PLUGINS and takes_token_types(spec.model_type)
 
 
 class VisionChatSession:

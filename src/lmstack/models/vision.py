@@ -1,5 +1,5 @@
-"""Vision-language models (Qwen2-VL, Qwen2.5-VL, LLaVA) and Qwen2-Audio: loaded through
-AutoModelForImageTextToText (Qwen2-Audio: its own class),
+"""Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL dense and MoE, LLaVA) and Qwen2-Audio: loaded
+through AutoModelForImageTextToText (Qwen2-Audio: its own class),
 and which of their modules are the vision tower, the projector and the language model (LLaMA-Factory's
 composite-model table), so that `freeze_vision_tower` / `freeze_multi_modal_projector` /
 `freeze_language_model` freeze them under full and freeze fine-tuning and keep them out of LoRA's
@@ -36,9 +36,20 @@ QWEN2_VL = Parts(
     ("language_model", "lm_head"),
     ("patch_embed",),
 )
+# LF's Qwen3-VL entry: the learned position embedding and the DeepStack mergers (features of inner
+# vision blocks fed to the first decoder layers) belong to the vision tower; the projector is the
+# final patch merger only
+QWEN3_VL = Parts(
+    ("visual.pos_embed", "visual.patch_embed", "visual.blocks", "visual.deepstack_merger_list"),
+    ("visual.merger",),
+    ("language_model", "lm_head"),
+    ("patch_embed",),
+)
 COMPOSITE = {
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,
+    "qwen3_vl": QWEN3_VL,
+    "qwen3_vl_moe": QWEN3_VL,
     "llava": Parts(("vision_tower",), ("multi_modal_projector",), ("language_model", "lm_head")),
     # the audio encoder counts as the "vision tower" of LF's freeze_vision_tower (LF's composite table too)
     "qwen2_audio": Parts(("audio_tower",), ("multi_modal_projector",), ("language_model", "lm_head")),

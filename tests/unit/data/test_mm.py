@@ -17,7 +17,14 @@ from lmstack.templates import get_template
 # (width, height): one under the tiny Qwen2-VL's processor bounds, one over them (it downsizes), one
 # wide; LLaVA's processor crops every image to 28 x 28
 SIZES = [(40, 30), (300, 200), (120, 36)]
-VISION_TEMPLATE = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "llava": "llava"}
+VISION_TEMPLATE = {
+    "qwen2_vl": "qwen2_vl",
+    "qwen2_5_vl": "qwen2_vl",
+    "qwen3_vl": "qwen3_vl_nothink",
+    "qwen3_vl_moe": "qwen3_vl",
+    "llava": "llava",
+}
+QWEN_VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
 @pytest.fixture(scope="session")
@@ -69,17 +76,21 @@ def vlm_cfg(base_cfg, model: Path, family: str, folder: Path, **overrides):
 
 
 def processor_of(model: Path, family: str):
-    """The model's own processor: AutoProcessor; without torchvision (Qwen2-VL's video processor needs
-    it) the same Qwen2VLProcessor class, holding the tokenizer and the PIL image processor."""
+    """The model's own processor: AutoProcessor; without torchvision (the Qwen-VLs' video processors
+    need it) the same processor class (Qwen2VLProcessor, Qwen2_5_VLProcessor, Qwen3VLProcessor), holding
+    the tokenizer and the PIL image processor: its own __call__ expands and tokenizes the images."""
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
     try:
         return AutoProcessor.from_pretrained(model)
     except ImportError:
-        from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+        from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
 
         tok = AutoTokenizer.from_pretrained(model)
-        cls = Qwen2_5_VLProcessor if family == "qwen2_5_vl" else Qwen2VLProcessor
+        cls = {"qwen2_5_vl": Qwen2_5_VLProcessor, "qwen3_vl": Qwen3VLProcessor}.get(
+            family.removesuffix("_moe"), Qwen2VLProcessor
+        )
+        assert json.loads((model / "processor_config.json").read_text())["processor_class"] == cls.__name__
         proc = cls.__new__(cls)
         proc.tokenizer, proc.image_processor, proc.video_processor = (
             tok,
@@ -87,8 +98,9 @@ def processor_of(model: Path, family: str):
             None,
         )
         proc.image_token, proc.video_token, proc.chat_template = "<|image_pad|>", "<|video_pad|>", None
-        proc.image_token_id = tok.convert_tokens_to_ids(proc.image_token)
-        proc.video_token_id = tok.convert_tokens_to_ids(proc.video_token)
+        proc.vision_start_token, proc.vision_end_token = "<|vision_start|>", "<|vision_end|>"
+        for name in ("image", "video", "vision_start", "vision_end"):
+            setattr(proc, f"{name}_token_id", tok.convert_tokens_to_ids(getattr(proc, f"{name}_token")))
         return proc
 
 
@@ -98,6 +110,8 @@ def test_tiny_vision_models_load_offline_through_the_auto_classes(tiny_vlm):
     expected = {
         "qwen2_vl": "Qwen2VLForConditionalGeneration",
         "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+        "qwen3_vl": "Qwen3VLForConditionalGeneration",
+        "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
         "llava": "LlavaForConditionalGeneration",
     }
     for family, path in tiny_vlm.items():
@@ -111,7 +125,7 @@ def test_tiny_vision_models_load_offline_through_the_auto_classes(tiny_vlm):
     assert type(AutoProcessor.from_pretrained(tiny_vlm["llava"])).__name__ == "LlavaProcessor"
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "llava"])
+@pytest.mark.parametrize("family", list(VISION_TEMPLATE))
 def test_image_tokens_are_where_the_processor_puts_them_and_are_prompt(family, tiny_vlm, base_cfg, tmp_path):
     images = write_images(tmp_path)
     messages = [
@@ -151,26 +165,52 @@ def _spec(cfg):
     return media_spec(cfg)
 
 
-def test_image_max_pixels_downsizes_before_the_processor(tiny_vlm, base_cfg, tmp_path):
+# (family, image tokens of a 300x200 image capped at 100 pixels, uncapped; of a 40x30 image with
+# image_min_pixels 10000, without): the tiny Qwen2-VLs cut 14-pixel patches within 56x56 .. 112x112
+# pixels, the tiny Qwen3-VLs 16-pixel patches within 64x64 .. 128x128, both merged 2 x 2
+PIXEL_BOUNDS = [
+    ("qwen2_vl", 4, 12, 12, 6),  # 28x28 -> 56x56; 300x200 -> 112x84; 115x86 -> 112x84; 40x30 -> 84x56
+    ("qwen2_5_vl", 4, 12, 12, 6),
+    ("qwen3_vl", 4, 12, 12, 6),  # 28x28 -> 64x64; 300x200 -> 128x96; 115x86 -> 128x96; 40x30 -> 96x64
+    ("qwen3_vl_moe", 4, 12, 12, 6),
+]
+
+
+@pytest.mark.parametrize("family,capped,uncapped,raised,unraised", PIXEL_BOUNDS)
+def test_image_max_and_min_pixels_resize_before_the_processor(
+    family, capped, uncapped, raised, unraised, tiny_vlm, base_cfg, tmp_path
+):
     """LF's image_max_pixels: a 300x200 image with a 100-pixel cap is first resized to 12x8, then raised
-    to 28 pixels a side (Qwen2-VL), and the processor's minimum (56x56) gives 2x2 merged tokens."""
+    to 28 pixels a side (LF's Qwen-VL rule), and the processor's minimum gives 2x2 merged tokens.
+    image_min_pixels: a 40x30 image raised to 10000 pixels is 115x86 before the processor."""
     from lmstack.data.mm import image_sizes
 
-    images = write_images(tmp_path, [(300, 200)])
-    write_dataset(tmp_path, [{"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "ok"}], "images": images}])  # fmt: skip
+    def pads(images, **bounds) -> int:
+        write_dataset(tmp_path, [{"messages": [{"role": "user", "content": "<image>hi"}, {"role": "assistant", "content": "ok"}], "images": images}])  # fmt: skip
+        cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, overwrite_cache=True, **bounds)
+        proc = processor_of(tiny_vlm[family], family)
+        template = get_template(VISION_TEMPLATE[family], proc.tokenizer)
+        sample = build_datasets(cfg, proc.tokenizer, template).train[0]
+        images = [load_image(str(tmp_path / p), _spec(cfg)) for p in images]
+        grid = proc.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
+        assert sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == int(
+            grid.prod(-1).sum()
+        ) // 4  # the processor's own count for the resized image
+        return sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
+
+    (big,) = write_images(tmp_path, [(300, 200)])
     cfg = vlm_cfg(
-        base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, image_max_pixels=100, image_min_pixels=10
+        base_cfg, tiny_vlm[family], family, tmp_path, image_max_pixels=100, image_min_pixels=10
     )
-    spec = _spec(cfg)
-    assert image_sizes([str(tmp_path / images[0])], spec) == [(28, 28)]
-    proc = processor_of(tiny_vlm["qwen2_vl"], "qwen2_vl")
-    sample = build_datasets(cfg, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer)).train[0]
-    assert sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 4
-    unbounded = vlm_cfg(base_cfg, tiny_vlm["qwen2_vl"], "qwen2_vl", tmp_path, overwrite_cache=True)
-    big = build_datasets(unbounded, proc.tokenizer, get_template("qwen2_vl", proc.tokenizer)).train[0]
-    assert (
-        big["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 12
-    )  # 84x140 / 28^2
+    assert image_sizes([str(tmp_path / big)], _spec(cfg)) == [(28, 28)]
+    assert pads([big], image_max_pixels=100, image_min_pixels=10) == capped
+    assert pads([big]) == uncapped
+    small = write_images(tmp_path / "small", [(40, 30)])
+    small = [f"small/{p}" for p in small]
+    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, image_min_pixels=10000)
+    assert image_sizes([str(tmp_path / small[0])], _spec(cfg)) == [(115, 86)]
+    assert pads(small, image_min_pixels=10000) == raised
+    assert pads(small) == unraised
 
 
 @pytest.mark.parametrize("formatting", ["alpaca", "openai"])
@@ -301,3 +341,117 @@ def test_tiny_model_command_builds_a_vision_model(tmp_path):
         == "Qwen2_5_VLForConditionalGeneration"
     )
     assert (tmp_path / "vlm" / "preprocessor_config.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "field,owner",
+    [("image_do_pan_and_scan", "Gemma 3's pan-and-scan crops"), ("crop_to_patches", "InternVL's tiling")],
+)
+@pytest.mark.parametrize("family", ["qwen3_vl", "llava"])
+def test_image_options_of_other_families_are_refused_by_name_when_on(
+    field, owner, family, tiny_vlm, base_cfg, tmp_path
+):
+    from lmstack.data.pipeline import check_data_args
+
+    write_dataset(tmp_path, [_one("<image>hi", write_images(tmp_path, [(40, 30)]))])
+    check_data_args(vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, **{field: False}))  # LF's default
+    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, **{field: True})
+    with pytest.raises(ConfigError) as err:
+        check_data_args(cfg)
+    msg = str(err.value)
+    assert msg.startswith(f"{field}: true is {owner}")
+    assert f"this {family} model has no such option" in msg and f"set {field}: false" in msg
+
+
+def test_video_fields_are_validated_and_apply_to_videos_only(tiny_vlm, base_cfg, tmp_path, caplog):
+    """LF's qwen3vl examples set video_max_pixels with image data only: accepted, said to have no effect
+    on Qwen3-VL (whose videos lmstack does not read); a `videos` column is refused by name for it."""
+    from lmstack.data.pipeline import check_data_args
+
+    write_dataset(tmp_path, [_one("<image>hi", write_images(tmp_path, [(40, 30)]))])
+    family = "qwen3_vl"
+    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, video_max_pixels=16384, video_fps=1.0)
+    assert (cfg.data.video_max_pixels, cfg.data.video_fps, cfg.data.video_maxlen) == (16384, 1.0, 128)
+    with caplog.at_level("INFO", logger="lmstack.data.mm"):
+        check_data_args(cfg)
+    assert "video_max_pixels / video_fps: no effect on" in caplog.text and "which reads no video" in caplog.text
+    for bad, reason in [
+        ({"video_max_pixels": 100}, "video_max_pixels: got 100, less than video_min_pixels 256"),
+        ({"video_fps": 0}, "video_fps"),
+        ({"video_maxlen": -1}, "video_maxlen"),
+    ]:
+        with pytest.raises(ConfigError, match=reason):
+            vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, **bad)
+    entry = json.loads((tmp_path / "dataset_info.json").read_text())
+    entry["mm"]["columns"]["videos"] = "videos"
+    (tmp_path / "dataset_info.json").write_text(json.dumps(entry))
+    with pytest.raises(DataError, match=r"dataset mm has video input, but .* is a qwen3_vl model, which lmstack feeds no videos"):
+        check_data_args(cfg)
+
+
+def test_a_real_qwen3_vl_processor_config_loads_without_torchvision_and_counts_its_tokens(tiny_vlm, tmp_path):
+    """Qwen3-VL checkpoints name the fast (torchvision) Qwen2-VL image processor; without torchvision
+    transformers loads its PIL twin from the same file. With LF's image_max_pixels 262144 a 640x480
+    photo is 591x443, the processor's smart_resize (16-pixel patches merged 2 x 2, at least 65536
+    pixels) makes it 576x448: 36 x 28 patches, 252 image tokens, as the processor's own grid says."""
+    import shutil
+
+    from PIL import Image
+
+    from lmstack.data.mm import image_seqlen, media_spec, model_input_size, regularized_size
+
+    folder = tmp_path / "qwen3_vl_4b"
+    folder.mkdir()
+    shutil.copyfile(tiny_vlm["qwen3_vl"] / "config.json", folder / "config.json")
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+        "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+    }))  # fmt: skip
+    from lmstack.config.load import build_config
+
+    cfg = build_config({"model_name_or_path": str(folder), "output_dir": str(tmp_path / "o"), "image_max_pixels": 262144})
+    spec = media_spec(cfg)
+    assert (spec.plugin, spec.patch_size, spec.merge_size, spec.min_pixels) == ("qwen3_vl", 16, 2, 65536)
+    size = regularized_size(640, 480, spec)
+    assert size == (591, 443) and model_input_size(*size, spec) == (576, 448)
+    assert image_seqlen(*size, spec) == 252
+    from transformers import AutoImageProcessor
+
+    proc = AutoImageProcessor.from_pretrained(folder)
+    assert type(proc).__name__ == "Qwen2VLImageProcessorPil"
+    image = Image.new("RGB", (640, 480), (10, 120, 200)).resize(size)
+    assert proc(images=[image], return_tensors="pt")["image_grid_thw"].tolist() == [[1, 28, 36]]
+
+
+@pytest.mark.parametrize("family", QWEN_VL)
+def test_the_collated_pixels_and_token_types_are_the_processors_own(family, tiny_vlm, base_cfg, tmp_path):
+    """The batch the model gets equals the family's processor output for the same text and images:
+    pixel_values, image_grid_thw and, where the processor writes them, mm_token_type_ids."""
+    import torch
+
+    from lmstack.data.mm_collate import MediaCollator
+
+    images = write_images(tmp_path)
+    messages = [{"role": "user", "content": "<image>One <image>two <image>three"}, {"role": "assistant", "content": "ok"}]
+    write_dataset(tmp_path, [{"messages": messages, "images": images}])
+    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path)
+    proc = processor_of(tiny_vlm[family], family)
+    template = get_template(VISION_TEMPLATE[family], proc.tokenizer)
+    sample = build_datasets(cfg, proc.tokenizer, template).train[0]
+    spec = _spec(cfg)
+    image_id = proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    batch = MediaCollator(proc.tokenizer.pad_token_id, spec, proc.image_processor, image_id)([sample])
+    raw = "<|vision_start|><|image_pad|><|vision_end|>"
+    text = template.render(
+        [dict(m, content=m["content"].replace("<image>", raw)) for m in messages],
+        template.default_system,
+        proc.tokenizer,
+    )
+    ref = proc(text=[text], images=[load_image(str(tmp_path / p), spec) for p in images], return_tensors="pt")
+    assert batch["input_ids"][0].tolist() == ref["input_ids"][0].tolist()
+    assert torch.equal(batch["pixel_values"], ref["pixel_values"])
+    assert torch.equal(batch["image_grid_thw"], ref["image_grid_thw"])
+    if family.startswith("qwen3_vl"):  # Qwen3VLProcessor writes them; the model's rope index reads them
+        assert batch["mm_token_type_ids"].tolist() == ref["mm_token_type_ids"].tolist()
+        assert int(batch["mm_token_type_ids"].sum()) == int(ref["image_grid_thw"].prod(-1).sum()) // 4
