@@ -80,6 +80,7 @@ class LaunchContext:
     # (variable, value) of the allocator settings the environment already sets (ALLOC_CONF_VARS), or None
     alloc_conf: tuple[str, str] | None = None
     nccl_register_hook: bool = False  # NCCL_REGISTER_HOOK_VAR is on
+    cpu_count: int = 1  # CPU cores this process may run on (its affinity mask), shared by the node's processes
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, probe_cuda: bool = True) -> LaunchContext:
@@ -114,6 +115,7 @@ class LaunchContext:
             packages=frozenset(p for p in OPTIONAL_PACKAGES if importlib.util.find_spec(p) is not None),
             alloc_conf=next(((n, env[n].strip()) for n in ALLOC_CONF_VARS if env.get(n, "").strip()), None),
             nccl_register_hook=_true(env.get(NCCL_REGISTER_HOOK_VAR)),
+            cpu_count=_usable_cpus(),
         )
 
     @property
@@ -136,6 +138,14 @@ class LaunchContext:
 
     def has(self, package: str) -> bool:
         return package in self.packages
+
+
+def _usable_cpus() -> int:
+    """Cores the scheduler lets this process use (a container's or taskset's limit), else the machine's."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # no affinity API on this platform
+        return max(os.cpu_count() or 1, 1)
 
 
 def _fsdp_launch(env: Mapping[str, str]) -> FsdpLaunch | None:

@@ -265,7 +265,7 @@ def request_from_plan(
         llama_pro=ft.use_llama_pro,
         freeze_extra_modules=freeze_extra_modules(cfg),
         optimizer=_optimizer(cfg),
-        adam_foreach=t.optim == "adamw_torch",
+        adam_foreach=plan.optimizer == "adamw_torch",  # the plan's AdamW kernel (unset optim: fused)
         master_weights=t.master_weights,
         masters_unless_accumulating=masters_unless_accumulating,
         classic_amp_alone=classic_amp_alone,

@@ -17,7 +17,7 @@ from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
 from lmstack.config.stages import STAGE_SPECS, StageSpec, stage_spec
 from lmstack.launch.context import LaunchContext
-from lmstack.plan import decide, decide_kernels, decide_rl
+from lmstack.plan import decide, decide_host, decide_kernels, decide_rl
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class RunPlan:
     micro_batch: int
     world_size: int
     allocator: decide.AllocatorPlan  # the CUDA caching allocator's mode (expandable segments or default)
+    loader: decide_host.LoaderPlan  # the DataLoader's worker processes (batches built off the step's path)
+    optimizer: str  # the `optim` value the Trainer builds (LF's AdamW unset: torch's fused kernel)
     reasons: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # documented fallbacks, said once (warnings)
     checkpoint_offload: bool = False  # the checkpointed layer inputs wait in CPU RAM (use_unsloth_gc)
@@ -183,6 +185,8 @@ class RunPlan:
             "checkpoint_layers": (self.checkpoint_layers or "all") if self.checkpointing else None,
             "micro_batch": self.micro_batch,
             "allocator": self.allocator.label,
+            "data_workers": self.loader.workers,
+            "optimizer": self.optimizer,
         } | ({"rl": self.rl.label()} if self.rl is not None else {})
 
     def to_dict(self) -> dict[str, Any]:
@@ -352,6 +356,9 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     rl, rl_why = decide_rl.rl_plan(cfg, spec)
     if rl is not None:
         reasons["rl"] = rl_why
+    loader = decide_host.data_loader(user, ctx, dev, spec, world)  # `user`: which fields the YAML set
+    reasons["data_workers"] = loader.reason
+    optimizer, reasons["optimizer"] = decide_host.optimizer(user, dev, zero, fsdp is not None)
     return RunPlan(
         cfg=cfg,
         ctx=ctx,
@@ -375,6 +382,8 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         micro_batch=micro if isinstance(micro, int) else 1,
         world_size=world,
         allocator=alloc,
+        loader=loader,
+        optimizer=optimizer,
         reasons=reasons,
         notes=tuple(notes),
         rl=rl,

@@ -46,7 +46,7 @@ def training_arguments(plan: RunPlan) -> Any:
         adam_beta2=t.adam_beta2,
         adam_epsilon=t.adam_epsilon,
         max_grad_norm=t.max_grad_norm,
-        optim=t.optim,
+        optim=plan.optimizer,  # the plan's implementation of `optim` (unset: fused AdamW)
         num_train_epochs=t.num_train_epochs,
         max_steps=t.max_steps,
         lr_scheduler_type=t.lr_scheduler_type,
@@ -67,7 +67,9 @@ def training_arguments(plan: RunPlan) -> Any:
         load_best_model_at_end=t.load_best_model_at_end,
         metric_for_best_model=t.metric_for_best_model,
         greater_is_better=t.greater_is_better,
-        dataloader_num_workers=t.dataloader_num_workers,
+        dataloader_num_workers=plan.loader.workers,  # unset: the plan's worker processes
+        dataloader_pin_memory=plan.loader.pin_memory,
+        dataloader_persistent_workers=plan.loader.persistent,
         ddp_timeout=t.ddp_timeout,
         ddp_find_unused_parameters=t.ddp_find_unused_parameters,
         deepspeed=plan.deepspeed.config if plan.deepspeed else None,  # validated once by the plan

@@ -64,7 +64,7 @@ def run(plan: RunPlan) -> dict:
     rollout = t.per_device_train_batch_size * t.gradient_accumulation_steps * cfg.finetuning.ppo_buffer_size
     steps = t.max_steps if t.max_steps > 0 else math.ceil(t.num_train_epochs * len(prompts) / rollout)
     optimizer, scheduler = _optimizer(
-        cfg, policy, steps * cfg.finetuning.ppo_epochs * (rollout // t.per_device_train_batch_size)
+        cfg, plan.optimizer, policy, steps * cfg.finetuning.ppo_epochs * (rollout // t.per_device_train_batch_size)
     )
     kl_coef, score_stats, history, start = INIT_KL, RunningMoments(), [], time.time()
     for step in range(1, steps + 1):
@@ -310,7 +310,8 @@ class RunningMoments:
 
 
 # ---- optimiser, logs, outputs -------------------------------------------------------------------
-def _optimizer(cfg: Config, policy: ValueHeadModel, total: int) -> tuple[Any, Any]:
+def _optimizer(cfg: Config, optim: str, policy: ValueHeadModel, total: int) -> tuple[Any, Any]:
+    """`optim`: the plan's AdamW implementation (plan.optimizer: fused or multi-tensor)."""
     from transformers import get_scheduler
 
     t = cfg.training
@@ -321,7 +322,7 @@ def _optimizer(cfg: Config, policy: ValueHeadModel, total: int) -> tuple[Any, An
         betas=(t.adam_beta1, t.adam_beta2),
         eps=t.adam_epsilon,
         weight_decay=t.weight_decay,
-        fused=True if t.optim == "adamw_torch_fused" else None,
+        fused=True if optim == "adamw_torch_fused" else None,
     )
     warmup = t.warmup_steps if t.warmup_steps > 0 else int(t.warmup_ratio * total)
     return optimizer, get_scheduler(

@@ -71,7 +71,7 @@ def test_foreach_adamw_holds_an_fp32_sqrt_per_parameter_at_the_step(specs) -> No
     assert lora.optimizer == estimate(s, Setup(finetuning_type="lora", micro_batch=4)).gpu.optimizer
 
 
-def test_optim_adamw_torch_is_the_foreach_step(tmp_path, qwen_shapes) -> None:
+def test_optim_adamw_torch_as_written_is_the_foreach_step(tmp_path, qwen_shapes) -> None:
     import json
 
     from lmstack.plan.whatif import request_from_config
@@ -81,7 +81,9 @@ def test_optim_adamw_torch_is_the_foreach_step(tmp_path, qwen_shapes) -> None:
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2", **qwen_shapes["0.5b"]}))
     base = {"model_name_or_path": str(model), "template": "qwen", "stage": "sft", "do_train": True,
             "finetuning_type": "full", "dataset": "alpaca_en_demo", "output_dir": str(tmp_path / "o")}  # fmt: skip
-    assert request_from_config(build_config(base), 1, 80).adam_foreach  # LF's default optim
+    # optim unset: the plan runs LF's AdamW as the fused kernel, which holds no per-parameter temporary
+    assert not request_from_config(build_config(base), 1, 80).adam_foreach
+    assert request_from_config(build_config({**base, "optim": "adamw_torch"}), 1, 80).adam_foreach
     fused = build_config({**base, "optim": "adamw_torch_fused"})
     assert not request_from_config(fused, 1, 80).adam_foreach
 
