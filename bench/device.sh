@@ -7,6 +7,9 @@
 # Phases (their knobs in brackets; bench/README.md says what each measures):
 #   speed     LLaMA-Factory vs lmstack, one set of bench/lmstack_bench.py      [SPEED_SET=default, SYSTEMS]
 #   peers     the same with Unsloth too, one run id, resumable (--skip-done)   [PEERS_SET=peers7, RID]
+#   defaults  0.5B full + LoRA: LF tuned, lmstack as an LF user writes the YAML (the plan's fast
+#             defaults), the same YAML with LF's default optim/workers written, lmstack tuned; one
+#             run id, resumable (--skip-done)                                [RID]
 #   fused     the fused LoRA kernel's GPU tests and micro-benchmark
 #   probe     FP8 GEMM probe (bench/probe_fp8.py) and Unsloth's env import
 #   gputests  every GPU-marked test (names, outcomes, times in gpu_tests.xml)  [GPU_TESTS]
@@ -27,7 +30,7 @@
 set -u
 cd "$(dirname "$0")/.."
 TOTAL=${1:-570}
-PHASES=${PHASES:?PHASES: one or more of speed peers fused probe gputests unsloth fsdp1 fsdpresume parity plan serve batcher vlm qlora stages env dist}
+PHASES=${PHASES:?PHASES: one or more of speed peers defaults fused probe gputests unsloth fsdp1 fsdpresume parity plan serve batcher vlm qlora stages env dist}
 T0=$(date +%s)
 left() { echo $((TOTAL - ($(date +%s) - T0))); }
 has() { case " $PHASES " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -44,7 +47,7 @@ pip_t() {  # target, wheels: once per machine (a marker per target)
 asset() { [ -f "/tmp/assets/$1/config.json" ] || env PYTHONPATH=/tmp/site_lm python3 bench/make_assets.py /tmp/assets "$1" 2>&1 | grep -v Writing | tail -1; }
 LM=/tmp/site_lm:$PWD/src
 pip_t /tmp/site_lm .whl/lm/*.whl .whl/bnb/*.whl .whl/ao/*.whl
-{ has speed || has peers; } && pip_t /tmp/site .whl/lf/*.whl .whl/liger/*.whl
+{ has speed || has peers || has defaults; } && pip_t /tmp/site .whl/lf/*.whl .whl/liger/*.whl
 { has peers || has unsloth || has probe; } && pip_t /tmp/site_uns .whl/uns/*.whl .whl/bnb/*.whl .whl/ao/*.whl
 has serve && pip_t /tmp/site_serve .whl/serve/*.whl
 asset qwen2.5-0.5b
@@ -64,6 +67,11 @@ for ph in $PHASES; do
   peers)
     python3 bench/lmstack_bench.py all --assets /tmp/assets --set "${PEERS_SET:-peers7}" --systems llamafactory,lmstack,unsloth \
       --run-id "$RID" --skip-done --budget $(($(left) - 20)) --logs /tmp/bench_logs 2>&1 | grep -v "^\[" | tail -25
+    cp /tmp/speed_done.jsonl "$O/speed_done.jsonl" 2>/dev/null
+    (cd /tmp/bench_logs && tar czf "$O/bench_logs_$ph.tar.gz" . 2>/dev/null) ;;
+  defaults)
+    python3 bench/lmstack_bench.py all --assets /tmp/assets --set as_written05 --run-id "$RID" --skip-done \
+      --budget $(($(left) - 20)) --logs /tmp/bench_logs 2>&1 | grep -v "^\[" | tail -25
     cp /tmp/speed_done.jsonl "$O/speed_done.jsonl" 2>/dev/null
     (cd /tmp/bench_logs && tar czf "$O/bench_logs_$ph.tar.gz" . 2>/dev/null) ;;
   fused)

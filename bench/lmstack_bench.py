@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -69,6 +69,9 @@ class Run:
     fallbacks: list[dict] = field(default_factory=list)
     workload: str = ""  # issue 19's row name: 0.5b_full | 0.5b_lora | 7b_lora_bs8 | 7b_lora_24g
     site: str = ""  # "uns": lmstack run inside Unsloth's environment (use_unsloth: true needs the package)
+    # "as_written": the YAML an LF user writes (LF's fields only; lmstack's plan picks the rest), the line's
+    # `settings` is this label and `yaml` the fields; "" -> `settings` holds the fields as before
+    label: str = ""
 
 
 def runs(set_name: str) -> list[Run]:
@@ -322,7 +325,30 @@ def runs(set_name: str) -> list[Run]:
             ),
         ],  # fmt: skip
     }
+    sets["as_written05"] = as_written05(lf_tuned, t05)
     return sets[set_name]
+
+
+def as_written05(lf_tuned, t05: dict) -> list[Run]:
+    """The 0.5B full and LoRA rows in one call: LF tuned as its users tune it; lmstack with the YAML an LF
+    user writes (LF's fields only, `optim` and `dataloader_num_workers` unset: the plan's fast defaults),
+    the same YAML with those two written as LF's defaults (the old as-written speed), and lmstack tuned."""
+    out = []
+    for method, extra in (("full", FULL), ("lora", LORA)):
+        lf_row = t05[f"lf_0.5b_{method}_bs32"]
+        yaml = {k: v for k, v in lf_tuned(extra, 32, 32, False).items() if k not in LF_EXTRA}
+        work = f"0.5b_{method}"
+        tuned = t05["lm_0.5b_full_bs32" if method == "full" else "lm_0.5b_lora_bs32_fused"]
+        out += [
+            lf_row,
+            Run("lmstack", f"lm_0.5b_{method}_as_written", "qwen2.5-0.5b", method, yaml, 200, [NO_LIGER], work,
+                label="as_written"),
+            Run("lmstack", f"lm_0.5b_{method}_as_written_lf_defaults", "qwen2.5-0.5b", method,
+                {**yaml, "optim": "adamw_torch", "dataloader_num_workers": 0}, 200, [NO_LIGER], work,
+                label="as_written_lf_defaults"),
+            replace(tuned, label="tuned"),
+        ]  # fmt: skip
+    return out
 
 
 # ---- one lmstack run (subprocess) ----------------------------------------------------------------
@@ -638,6 +664,10 @@ def run_all(args: argparse.Namespace) -> None:
             line.update(status="ok" if res and res.get("steady_tokens_per_sec") else "failed", rc=rc,
                         elapsed_s=round(time.time() - t, 1), settings=settings, fallback=extra or None,
                         loss_after_steps=loss, loss_step=loss_step)  # fmt: skip
+            if run.label:  # the YAML as an LF user writes it: `settings` names that, `yaml` is what ran
+                line.update(settings=run.label, yaml=settings)
+            if run.system == "lmstack":
+                line["plan"] = plan_decisions(Path(cfg["output_dir"]))
             if res:
                 line.update({k: v for k, v in res.items() if k != "name"})
             if line["status"] == "ok":
@@ -661,6 +691,25 @@ def run_all(args: argparse.Namespace) -> None:
             with tarfile.open(out_dir / f"bench_logs{tag}.tar.gz", "w:gz") as tar:
                 tar.add(logs, arcname=logs.name)
     summarize(results, run_id)
+
+
+def plan_decisions(output_dir: Path) -> dict | None:
+    """The run plan's host-side and kernel decisions with their reasons, from the run's manifest."""
+    try:
+        plan = json.loads((output_dir / "run_manifest.json").read_text())["plan"]
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+    keys = (
+        "data_workers",
+        "optimizer",
+        "attention",
+        "loss_kernel",
+        "lora_kernel",
+        "checkpointing",
+        "micro_batch",
+    )
+    decisions, reasons = plan.get("decisions") or {}, plan.get("reasons") or {}
+    return {k: {"value": decisions.get(k), "why": reasons.get(k)} for k in keys if k in decisions}
 
 
 def made_runs(run_id: str, paths: list[Path]) -> set[str]:
@@ -720,6 +769,7 @@ def main() -> None:
             "compile05",
             "fp8",
             "fp8_compile",
+            "as_written05",
         ],  # fmt: skip
     )
     a.add_argument("--budget", type=float, default=540, help="seconds for all runs together")

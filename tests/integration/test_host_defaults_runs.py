@@ -26,7 +26,9 @@ def test_fast_defaults_log_the_loss_curve_of_the_plain_settings(base_cfg, tmp_pa
     unset = losses({**run, "output_dir": str(tmp_path / "unset")})
     cuda_choices = losses({**run, "output_dir": str(tmp_path / "fast"), "dataloader_num_workers": 2,
                            "optim": "adamw_torch_fused"})  # fmt: skip
-    off = losses({**run, "output_dir": str(tmp_path / "off"), "dataloader_num_workers": 0, "optim": "adamw_torch"})
+    off = losses(
+        {**run, "output_dir": str(tmp_path / "off"), "dataloader_num_workers": 0, "optim": "adamw_torch"}
+    )
     assert len(unset) >= 6 and len(unset) == len(cuda_choices) == len(off)
     # the unset run here is fused AdamW without workers: the workers change nothing, bit for bit
     assert cuda_choices == unset

@@ -80,7 +80,7 @@ class LaunchContext:
     # (variable, value) of the allocator settings the environment already sets (ALLOC_CONF_VARS), or None
     alloc_conf: tuple[str, str] | None = None
     nccl_register_hook: bool = False  # NCCL_REGISTER_HOOK_VAR is on
-    cpu_count: int = 1  # CPU cores this process may run on (its affinity mask), shared by the node's processes
+    cpu_count: int = 1  # cores this process may run on (its affinity mask), shared by the node
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, probe_cuda: bool = True) -> LaunchContext:

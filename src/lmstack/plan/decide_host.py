@@ -49,13 +49,17 @@ def data_loader(cfg: Config, ctx: LaunchContext, dev: str, spec: StageSpec, worl
     if not spec.trainer:
         return LoaderPlan(0, f"{unset}: stage {spec.name} reads its data in its own loop")
     if spec.generates:
-        return LoaderPlan(0, f"{unset}: stage {spec.name} spends its steps generating; prompts are cheap to batch")
+        return LoaderPlan(
+            0, f"{unset}: stage {spec.name} spends its steps generating; prompts are cheap to batch"
+        )
     if d.streaming:
         return LoaderPlan(
             0, f"{unset}: streaming: true, workers would each read their own shard (a different sample order)"
         )
     if dev != "cuda":
-        return LoaderPlan(0, f"{unset}: {dev.upper()} run, the step's compute uses the cores itself ({on_gpu})")
+        return LoaderPlan(
+            0, f"{unset}: {dev.upper()} run, the step's compute uses the cores itself ({on_gpu})"
+        )
     per_process = ctx.cpu_count // max(1, world // max(ctx.nnodes, 1))
     workers = max(0, min(DATA_WORKERS, per_process - CORES_KEPT))
     if workers == 0:

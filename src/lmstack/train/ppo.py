@@ -64,7 +64,10 @@ def run(plan: RunPlan) -> dict:
     rollout = t.per_device_train_batch_size * t.gradient_accumulation_steps * cfg.finetuning.ppo_buffer_size
     steps = t.max_steps if t.max_steps > 0 else math.ceil(t.num_train_epochs * len(prompts) / rollout)
     optimizer, scheduler = _optimizer(
-        cfg, plan.optimizer, policy, steps * cfg.finetuning.ppo_epochs * (rollout // t.per_device_train_batch_size)
+        cfg,
+        plan.optimizer,
+        policy,
+        steps * cfg.finetuning.ppo_epochs * (rollout // t.per_device_train_batch_size),
     )
     kl_coef, score_stats, history, start = INIT_KL, RunningMoments(), [], time.time()
     for step in range(1, steps + 1):

@@ -63,7 +63,9 @@ def test_the_value_the_yaml_writes_wins_even_lf_default(lf_yaml):
 def test_a_cpu_run_says_what_it_picks_here_and_on_a_gpu(lf_yaml):
     p = plan({**lf_yaml, "bf16": False}, CPU)
     assert p.device == "cpu" and p.loader.workers == 0
-    assert "CPU run" in p.reasons["data_workers"] and "on a CUDA GPU it would be 2" in p.reasons["data_workers"]
+    assert (
+        "CPU run" in p.reasons["data_workers"] and "on a CUDA GPU it would be 2" in p.reasons["data_workers"]
+    )
     assert p.optimizer == "adamw_torch_fused"  # torch has a fused CPU kernel too
     assert "for cpu (on a CUDA GPU: the CUDA fused kernel)" in p.reasons["optimizer"]
 
@@ -90,7 +92,9 @@ def test_sharded_runs_and_method_optimizers_keep_their_optimizer(lf_yaml):
     assert fsdp.optimizer == "adamw_torch" and "FSDP steps the optimizer" in fsdp.reasons["optimizer"]
     full = {**lf_yaml, "finetuning_type": "full"}
     muon = plan({**full, "use_muon": True})
-    assert muon.optimizer == "adamw_torch" and "use_muon builds its own optimizer" in muon.reasons["optimizer"]
+    assert (
+        muon.optimizer == "adamw_torch" and "use_muon builds its own optimizer" in muon.reasons["optimizer"]
+    )
     galore = plan({**full, "use_galore": True, "galore_target": "all"})
     assert "use_galore builds its own optimizer" in galore.reasons["optimizer"]
 
