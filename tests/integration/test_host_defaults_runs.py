@@ -36,3 +36,33 @@ def test_fast_defaults_log_the_loss_curve_of_the_plain_settings(base_cfg, tmp_pa
     assert cuda_choices == pytest.approx(off, rel=1e-4)
     saved = (tmp_path / "unset" / "lmstack_config.yaml").read_text()
     assert "optimizer         adamw_torch_fused" in saved and "data_workers      0" in saved
+
+
+def test_lmstack_train_never_imports_the_heavy_packages_a_plain_run_does_not_use(base_cfg, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from lmstack.launch.context import LaunchContext
+
+    installed = {"torchao", "bitsandbytes"} & LaunchContext.from_env(probe_cuda=False).packages
+    if not installed:
+        pytest.skip("neither torchao nor bitsandbytes is installed: nothing to keep out")
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({**base_cfg, "max_steps": 2, "max_samples": 8}))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "lmstack.cli", "train", str(path)],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = {
+        ln.rsplit("|", 1)[1].strip()
+        for ln in done.stderr.splitlines()
+        if ln.startswith("import time:") and "|" in ln
+    }
+    # a failed import attempt is listed under its top-level name; nothing of either package ran
+    assert not {m for m in loaded if m.split(".")[0] in installed and "." in m}
+    assert "torchao" not in loaded
+    assert "not imported (unused by this run)" in done.stderr + done.stdout
+    assert (Path(base_cfg["output_dir"]) / "adapter_model.safetensors").is_file()

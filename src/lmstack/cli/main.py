@@ -102,7 +102,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     config, overrides = split_train_args(args.args)
     if config is not None:
-        train(config, overrides)
+        train(config, overrides, own_process=True)
         return 0
     # flags only: they become the run's YAML, so a torchrun relaunch hands the same config to every rank
     import tempfile
@@ -116,7 +116,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             yaml.safe_dump(flat, handle, sort_keys=False, allow_unicode=True)
-        train(path, [])
+        train(path, [], own_process=True)
     finally:
         os.unlink(path)
     return 0

@@ -115,3 +115,42 @@ def optimizer(cfg: Config, dev: str, zero_stage: int | None, fsdp: bool) -> tupl
         f"{unset}: {FUSED_ADAMW}, {where}: the same AdamW math as {FOREACH_ADAMW} in one kernel per parameter group "
         "(equal up to float rounding; transformers' default on torch >= 2.8; +9% on the 0.5B LoRA row on the H200)"
     )
+
+
+# Optional packages that transformers (its quantizers) and peft (its helpers) import whenever they are
+# installed, whether or not the run uses them: on the 2-core CPU box that was 3.1 s (torchao) and 3.4 s
+# (bitsandbytes) of a tiny LoRA run's start-up, plus their load warnings in the log
+UNUSED_IMPORTS = ("torchao", "bitsandbytes")
+
+
+def kept_out(cfg: Config, ctx: LaunchContext, spec: StageSpec, fp8: bool, unsloth: bool) -> tuple[tuple, str]:
+    """The packages of UNUSED_IMPORTS this run never needs: `lmstack train` keeps them out of its process
+    (train/run.py). Anything that may reach them keeps them in: FP8 (torchao), quantization_bit or a
+    pre-quantized checkpoint, an optimizer other than torch's AdamW (bitsandbytes' and torchao's 8-bit
+    ones), a method optimizer, Unsloth, remote modelling code, a generating stage."""
+    from lmstack.plan.model_config import config_json
+
+    t, m = cfg.training, cfg.model
+    installed = [p for p in UNUSED_IMPORTS if ctx.has(p)]
+    if not installed:
+        return (), "torchao and bitsandbytes are not installed"
+    reasons = [
+        (m.quantization_bit is not None, "quantization_bit"),
+        (bool((config_json(cfg) or {}).get("quantization_config")), "a pre-quantized checkpoint"),
+        (t.optim not in (FUSED_ADAMW, FOREACH_ADAMW), f"optim: {t.optim}"),
+        (_method_optimizer(cfg) is not None, str(_method_optimizer(cfg))),
+        (unsloth, "use_unsloth"),
+        (m.trust_remote_code, "trust_remote_code"),
+        (spec.generates, f"stage {spec.name} generates"),
+    ]
+    common = [why for hit, why in reasons if hit]
+    keep = [] if common else [p for p in installed if not (p == "torchao" and fp8)]
+    if not keep:
+        why = ", ".join(common) or "fp8: true (torchao)"
+        return (), f"imported as transformers/peft do (this run may use them: {why})"
+    held = [p for p in installed if p not in keep]
+    return tuple(keep), (
+        f"{', '.join(keep)} installed but unused by this run: kept out of the `lmstack train` process "
+        "(transformers and peft import them whenever installed; seconds of start-up and their warnings)"
+        + (f"; {', '.join(held)} kept in: fp8: true" if held else "")
+    )

@@ -74,6 +74,7 @@ class RunPlan:
     allocator: decide.AllocatorPlan  # the CUDA caching allocator's mode (expandable segments or default)
     loader: decide_host.LoaderPlan  # the DataLoader's worker processes (batches built off the step's path)
     optimizer: str  # the `optim` value the Trainer builds (LF's AdamW unset: torch's fused kernel)
+    kept_out: tuple[str, ...]  # installed packages this run never imports (train/run.py keeps them out)
     reasons: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # documented fallbacks, said once (warnings)
     checkpoint_offload: bool = False  # the checkpointed layer inputs wait in CPU RAM (use_unsloth_gc)
@@ -187,6 +188,7 @@ class RunPlan:
             "allocator": self.allocator.label,
             "data_workers": self.loader.workers,
             "optimizer": self.optimizer,
+            "kept_out": ", ".join(self.kept_out) or None,
         } | ({"rl": self.rl.label()} if self.rl is not None else {})
 
     def to_dict(self) -> dict[str, Any]:
@@ -359,6 +361,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     loader = decide_host.data_loader(user, ctx, dev, spec, world)  # `user`: which fields the YAML set
     reasons["data_workers"] = loader.reason
     optimizer, reasons["optimizer"] = decide_host.optimizer(user, dev, zero, fsdp is not None)
+    kept_out, reasons["kept_out"] = decide_host.kept_out(cfg, ctx, spec, fp8.enabled, use_unsloth)
     return RunPlan(
         cfg=cfg,
         ctx=ctx,
@@ -384,6 +387,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
         allocator=alloc,
         loader=loader,
         optimizer=optimizer,
+        kept_out=kept_out,
         reasons=reasons,
         notes=tuple(notes),
         rl=rl,

@@ -101,7 +101,9 @@ SAFE_TO_CHANGE = frozenset(
     swanlab_api_key swanlab_logdir ray_num_workers ray_init_kwargs master_addr master_port""".split()
 )
 SAFE_TO_RAISE = frozenset({"max_steps", "num_train_epochs"})
-SAFE_DECISIONS = frozenset({"world_size", "checkpointing", "checkpoint_offload", "allocator", "data_workers"})
+SAFE_DECISIONS = frozenset(
+    {"world_size", "checkpointing", "checkpoint_offload", "allocator", "data_workers", "kept_out"}
+)
 ABSENT = "(absent)"
 
 

@@ -113,3 +113,28 @@ def _trainer_fields(p: RunPlan) -> dict:
     args = training_arguments(replace(p, device="cpu"))
     names = ("optim", "dataloader_num_workers", "dataloader_persistent_workers")
     return {n: getattr(args, n).value if n == "optim" else getattr(args, n) for n in names}
+
+
+HEAVY = frozenset({"torchao", "bitsandbytes"})
+
+
+def test_a_plain_run_keeps_the_unused_heavy_packages_out(lf_yaml):
+    p = plan(lf_yaml, replace(H200, packages=H200.packages | HEAVY))
+    assert set(p.kept_out) == HEAVY and p.decisions()["kept_out"] == "torchao, bitsandbytes"
+    assert "installed but unused by this run" in line(p, "kept_out")
+    assert plan(lf_yaml, replace(H200, packages=frozenset())).kept_out == ()
+
+
+@pytest.mark.parametrize(
+    ("over", "kept", "why"),
+    [
+        ({"quantization_bit": 4}, (), "quantization_bit"),
+        ({"optim": "adamw_8bit"}, (), "optim: adamw_8bit"),
+        ({"finetuning_type": "full", "use_galore": True, "galore_target": "all"}, (), "use_galore"),
+        ({"trust_remote_code": True}, (), "trust_remote_code"),
+        ({"fp8": True}, ("bitsandbytes",), "kept in: fp8: true"),
+    ],
+)
+def test_whatever_may_reach_them_keeps_them_in(lf_yaml, over, kept, why):
+    p = plan({**lf_yaml, **over}, replace(H200, packages=H200.packages | HEAVY, cuda_capability=(9, 0)))
+    assert p.kept_out == kept and why in p.reasons["kept_out"]
