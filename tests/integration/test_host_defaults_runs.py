@@ -66,3 +66,36 @@ def test_lmstack_train_never_imports_the_heavy_packages_a_plain_run_does_not_use
     assert "torchao" not in loaded
     assert "not imported (unused by this run)" in done.stderr + done.stdout
     assert (Path(base_cfg["output_dir"]) / "adapter_model.safetensors").is_file()
+
+
+def test_sigterm_to_the_whole_process_group_with_data_workers_still_saves(base_cfg, tmp_path):
+    """A scheduler's SIGTERM reaches every process of the job, the DataLoader workers too: they inherit the
+    trainer's flag-only handler (installed before they fork), so none dies under the main process, which
+    finishes its step, saves and exits 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    cfg = {**base_cfg, "max_steps": 8, "save_steps": 100, "dataloader_num_workers": 2}
+    path, flag, log = tmp_path / "run.yaml", tmp_path / "reached", tmp_path / "run.log"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(repo / "src"), "LMSTACK_TEST_HOOK": "signal_wait:3",
+           "LMSTACK_TEST_FLAG": str(flag), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    driver = repo / "tests" / "integration" / "reliability_driver.py"
+    proc = subprocess.Popen([sys.executable, str(driver), str(path)], env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, cwd=repo, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 600
+    while not flag.is_file():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.time() < deadline, "the hook point was not reached"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGTERM)  # the main process and its DataLoader workers
+    assert proc.wait(timeout=300) == 143, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "stopped by SIGTERM after step 4" in text and "exited unexpectedly" not in text
+    assert (Path(cfg["output_dir"]) / "checkpoint-4").is_dir()
