@@ -3,6 +3,7 @@ stops, see trainer.py); the second aborts at once."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -47,3 +48,22 @@ class StopSignals:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+def workers_ignore_stop_signals(loader: Any) -> Any:
+    """DataLoader worker processes ignore SIGTERM/SIGINT, so a signal sent to the whole process group (a
+    scheduler's SIGTERM, Ctrl-C) reaches only the main process's flag-only handler. Left alone, torch's
+    workers die of a SIGTERM that their parent did not send, and the main process then fails with
+    "DataLoader worker ... is killed by signal: Terminated" instead of saving. The workers still stop
+    when the main process shuts them down or exits. Returns `loader`."""
+    inner = getattr(loader, "base_dataloader", loader)  # accelerate's adapter iterates the one it wraps
+    if getattr(inner, "num_workers", 0) > 0:
+        inner.worker_init_fn = functools.partial(_ignore_stop_signals, inner.worker_init_fn)
+    return loader
+
+
+def _ignore_stop_signals(inner: Any, worker_id: int) -> None:
+    for name in StopSignals.SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    if inner is not None:
+        inner(worker_id)

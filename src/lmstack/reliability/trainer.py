@@ -40,7 +40,7 @@ from lmstack.reliability.checkpoint import (
     rotate_checkpoints,
     staging_root,
 )
-from lmstack.reliability.signals import StopSignals
+from lmstack.reliability.signals import StopSignals, workers_ignore_stop_signals
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +151,12 @@ class ReliableMixin:
                 exit_code=128 + self._lm_stop_signal,
             )
         return result
+
+    def get_train_dataloader(self, *args: Any, **kwargs: Any) -> Any:
+        return workers_ignore_stop_signals(super().get_train_dataloader(*args, **kwargs))
+
+    def get_eval_dataloader(self, *args: Any, **kwargs: Any) -> Any:
+        return workers_ignore_stop_signals(super().get_eval_dataloader(*args, **kwargs))
 
     def _lm_finishes_from_checkpoint(self) -> bool:
         """The base trainer has the per-epoch hook that `_run_epoch` guards (transformers 5.x)."""
