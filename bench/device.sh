@@ -105,7 +105,7 @@ for ph in $PHASES; do
       PYTHONFAULTHANDLER=1 PYTHONPATH=$LM python3 -m accelerate.commands.launch --config_file examples/accelerate/fsdp_config.yaml \
         --num_processes 1 -m lmstack.cli train /tmp/fr_$run.yaml >"$O/fsdp_resume_$run.log" 2>&1 &
       pid=$!; waited=0
-      while kill -0 $pid 2>/dev/null && [ $waited -lt 150 ]; do sleep 1; waited=$((waited + 1)); done
+      while kill -0 $pid 2>/dev/null && [ $waited -lt "${FSDP_WAIT:-150}" ]; do sleep 1; waited=$((waited + 1)); done
       if kill -0 $pid 2>/dev/null; then
         echo "fsdp $run still running after ${waited}s: stacks in fsdp_resume_$run.log"
         pkill -ABRT -f "[l]mstack.cli train /tmp/fr_$run.yaml"; sleep 5; pkill -9 -f "[l]mstack.cli train /tmp/fr_$run.yaml"

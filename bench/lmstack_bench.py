@@ -334,7 +334,7 @@ def as_written05(lf_tuned, t05: dict) -> list[Run]:
     user writes (LF's fields only, `optim` and `dataloader_num_workers` unset: the plan's fast defaults),
     the same YAML with those two written as LF's defaults (the old as-written speed), and lmstack tuned."""
     out = []
-    for method, extra in (("full", FULL), ("lora", LORA)):
+    for method, extra in (("lora", LORA), ("full", FULL)):  # LoRA first: its as-written gap was the larger
         lf_row = t05[f"lf_0.5b_{method}_bs32"]
         yaml = {k: v for k, v in lf_tuned(extra, 32, 32, False).items() if k not in LF_EXTRA}
         work = f"0.5b_{method}"
