@@ -24,15 +24,18 @@ def lock_path(output_dir: str | Path) -> Path:
 
 
 def _writable_dir(out: Path) -> None:
-    """An output_dir that cannot be written is refused now, not after the model has loaded."""
+    """An output_dir that cannot be written is refused now, not after the model has loaded. output_dir
+    itself is not created here (a job that fails before any worker starts leaves nothing behind): its
+    parent is, which holds the lock file; an existing output_dir must be a writable folder."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir: {out} is a file, not a folder; choose another output_dir")
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise ConfigError(f"output_dir: cannot create {out} ({err.strerror})") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"output_dir: {out} is not writable; fix its permissions or choose another")
+        raise ConfigError(f"output_dir: cannot create {out.parent} ({err.strerror})") from None
+    where = out if out.exists() else out.parent
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise ConfigError(f"output_dir: {where} is not writable; fix its permissions or choose another")
 
 
 def acquire(output_dir: str | Path, is_main: bool = True) -> Path | None:

@@ -77,7 +77,9 @@ def train(
     from lmstack.reliability.output_dir import finished_run
     from lmstack.reliability.run_lock import acquire
 
-    acquire(cfg.training.output_dir, plan.ctx.is_main)  # before anything is written; held till exit
+    # before anything is written; held till exit. One holder per job: rank 0 on the first node (each
+    # node's launcher starts as rank 0; on storage the nodes share, a second holder would refuse the job)
+    acquire(cfg.training.output_dir, plan.ctx.is_main and plan.ctx.node_rank == 0)
 
     done = finished_run(plan)  # a resume of a run that already reached its last step: nothing to do
     if done is not None:
