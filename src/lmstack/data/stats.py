@@ -98,7 +98,10 @@ def placeholders_in(record: Any) -> set[str]:
 
 
 def placeholder_warning(stats: DatasetStats) -> str:
-    found = ", ".join(f"{name} ({n})" for name, n in stats.placeholders.most_common())
+    ranked = sorted(
+        stats.placeholders.items(), key=lambda kv: (-kv[1], kv[0])
+    )  # ties by name: one order every run
+    found = ", ".join(f"{name} ({n})" for name, n in ranked)
     return (
         f"dataset {stats.name}: records hold unfilled placeholders: {found} records; the model would "
         "learn the braces as written. Replace them before training (LLaMA-Factory's identity.json "

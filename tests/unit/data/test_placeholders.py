@@ -30,8 +30,8 @@ def test_unfilled_identity_placeholders_warn_in_train_and_check(make_cfg, tiny_t
     with caplog.at_level(logging.INFO, logger="lmstack.data"):
         load_split(cfg, "identity", "dataset", tiny_tokenizer, qwen)
     warning = (
-        f"dataset identity: records hold unfilled placeholders: {{{{name}}}} ({names}), {{{{author}}}} "
-        f"({authors}) records; the model would learn the braces as written"
+        f"dataset identity: records hold unfilled placeholders: {{{{author}}}} ({authors}), {{{{name}}}} "
+        f"({names}) records; the model would learn the braces as written"
     )
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(m.startswith(warning) for m in warned), warned
