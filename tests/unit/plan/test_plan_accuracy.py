@@ -35,6 +35,7 @@ def recomputed(tmp_path_factory):
                 continue  # a run that failed or was only predicted; a traced re-run of a measured config
             plan_check.run_model(run)  # the code each run ran: its chunked CE, how it loaded a frozen copy
             cfg = plan_check.local(run["config"], root, run["config"]["model_name_or_path"])
+            cfg.setdefault("optim", "adamw_torch")  # what an unset optim ran when these were measured
             fsdp = ":fsdp:" in run["name"]
             # the data is not at hand here: the widths the run drew where bench/plan_accuracy.py recorded
             # them (the memory model's own error), else the lengths the planner used (its sampling bound)

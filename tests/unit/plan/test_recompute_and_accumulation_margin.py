@@ -192,7 +192,7 @@ def test_an_fsdp_row_is_estimated_alike_whichever_strategy_the_yaml_names(qwen):
     same FSDP setup was 14.3 GiB searched and 13.3 GiB configured (0.5B full, 2 GPUs)."""
     base = dict(model_name_or_path=qwen("0.5b"), output_dir="o", bf16=True, cutoff_len=1024,
                 finetuning_type="full", per_device_train_batch_size=4, gradient_accumulation_steps=4,
-                gradient_checkpointing=False, flash_attn="sdpa")  # fmt: skip
+                gradient_checkpointing=False, flash_attn="sdpa", optim="adamw_torch")  # fmt: skip
     ddp = plan(request_from_config(build_config(base), 2, 80))
     assert ddp.configured.setup.fp32_model_weights  # DDP + accumulation: classic AMP
     fsdp = plan(request_from_config(build_config({**base, "fsdp": "full_shard auto_wrap"}), 2, 80)).configured

@@ -166,7 +166,7 @@ def test_ppo_optimizer_follows_optim(base_cfg, optim, fused):
     from lmstack.train.ppo import _optimizer
 
     cfg = build_config({**base_cfg, "stage": "ppo", "reward_model": "r", "optim": optim})
-    optimizer, _ = _optimizer(cfg, torch.nn.Linear(4, 4), total=10)
+    optimizer, _ = _optimizer(cfg, cfg.training.optim, torch.nn.Linear(4, 4), total=10)
     assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"] is fused
 
 
