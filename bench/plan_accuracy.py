@@ -487,6 +487,37 @@ STAGES_R10 = [
                                               per_device_train_batch_size=2, gradient_checkpointing=True,
                                               learning_rate=1e-6, **EPOCH), True),
 ]  # fmt: skip
+# Round 11: shapes no constant was fitted on, predicted before they run -- unpacked sft and pairwise runs
+# shorter than an epoch (the rows the sampler really draws, replayed by plan/lengths.py, not the data's
+# longest), the 3B shape, KTO on the 7B at cutoff 1024, freeze-tuning of the first layers, LoRA r16/r64 and
+# a long 1x8192 row, FP8 LoRA
+S3 = "qwen2.5-3b"
+R16, R64 = dict(LORA, lora_rank=16, lora_alpha=32), dict(LORA, lora_rank=64, lora_alpha=128)
+STAGES_R11 = [
+    ("r11_sft_unpacked_3b_lora_mb2_6st", S3, dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=2,
+                                                   _steps=6), True),
+    ("r11_sft_unpacked_3b_lora_mb8", S3, dict(stage="sft", **LORA, **UNPACKED, per_device_train_batch_size=8), True),
+    ("r11_sft_unpacked_0.5b_full_mb2", S05, dict(stage="sft", finetuning_type="full", **UNPACKED,
+                                                  per_device_train_batch_size=2, _steps=6), True),
+    ("r11_sft_unpacked_1.5b_lora_mb16_ckpt", S15, dict(stage="sft", **R16, **UNPACKED, per_device_train_batch_size=16,
+                                                        gradient_checkpointing=True), True),
+    ("r11_dpo_3b_lora_mb2", S3, dict(stage="dpo", pref_loss="sigmoid", **LORA, **PAIR, per_device_train_batch_size=2,
+                                      _steps=6), True),
+    ("r11_dpo_0.5b_full_mb8", S05, dict(stage="dpo", pref_loss="sigmoid", finetuning_type="full", **PAIR,
+                                         per_device_train_batch_size=8, learning_rate=1e-6), True),
+    ("r11_kto_7b_lora_mb2", S7, dict(stage="kto", dataset="synth_kto", **LORA, packing=False, cutoff_len=1024,
+                                      per_device_train_batch_size=2), True),
+    ("r11_kto_1.5b_lora_mb8", S15, dict(stage="kto", dataset="synth_kto", **LORA, packing=False, cutoff_len=1024,
+                                         per_device_train_batch_size=8), True),
+    ("r11_freeze_3b_mb8_first4", S3, dict(stage="sft", finetuning_type="freeze", freeze_trainable_layers=-4,
+                                           per_device_train_batch_size=8), True),
+    ("r11_sft_3b_lora_r16_mb16", S3, dict(stage="sft", **R16, per_device_train_batch_size=16), True),
+    ("r11_sft_7b_lora_r64_s8192_ckpt", S7, dict(stage="sft", **R64, cutoff_len=8192, per_device_train_batch_size=1,
+                                                 gradient_checkpointing=True), True),
+    ("r11_fp8_3b_lora_mb8", S3, dict(stage="sft", **LORA, per_device_train_batch_size=8, fp8=True), False),
+    ("r11_sft_1.5b_full_mb4_fused_ga2", S15, dict(stage="sft", finetuning_type="full", per_device_train_batch_size=4,
+                                                   gradient_accumulation_steps=2), True),
+]  # fmt: skip
 # Diagnostics (not predictions): the planner's largest errors run again with a memory trace, so the peak's
 # live blocks can be named by the code that allocated them (`peak_breakdown` in the row, basis "diagnostic")
 SNAP = {"_snapshot": True}
@@ -814,7 +845,7 @@ def dry_assets(root: Path) -> tuple[Path, dict[str, str]]:
     for rec in records:  # a tiny model: short rows
         rec["instruction"], rec["output"] = rec["instruction"][:80], rec["output"][:160]
     write_dataset(str(root), records)
-    return root, {arch: str(tiny) for arch in (S05, S15, S7)}
+    return root, {arch: str(tiny) for arch in (S05, S15, S3, S7)}
 
 
 def main_stages(args) -> None:
@@ -850,6 +881,7 @@ def main_stages(args) -> None:
         "r8": STAGES_R8,
         "r9": STAGES_R9,
         "r10": STAGES_R10,
+        "r11": STAGES_R11,
         "all": STAGES + STAGES_R4,
         "snap": STAGES_SNAP,
         "snap6": STAGES_SNAP6,
@@ -909,7 +941,7 @@ def main() -> None:
     ap.add_argument(
         "--set",
         default="stages",
-        choices=["stages", "r4", "r5", "r6", "r7", "r8", "r9", "r10", "all", "snap", "snap6", "snap8"],
+        choices=["stages", "r4", "r5", "r6", "r7", "r8", "r9", "r10", "r11", "all", "snap", "snap6", "snap8"],
     )
     ap.add_argument("--only", default="")
     ap.add_argument("--out", default=str(Path(REPO) / "bench" / "results" / "plan_accuracy.json"))
