@@ -53,9 +53,16 @@ def _losses(out: Path) -> list[float]:
 
 
 def _run(cmd, env) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+    """The launch's output goes to files, not pipes: `subprocess.run(capture_output=True)` waits for every
+    process holding the pipe, so a grandchild that outlives the launch (a data-loader worker, a compile
+    worker) would hang the test with the run itself finished; the returned stderr is the file's text."""
+    out_dir = Path(env["XDG_CACHE_HOME"]).parent
+    stem = f"launch_{len(list(out_dir.glob('launch_*.err')))}"
+    with open(out_dir / f"{stem}.out", "w") as out, open(out_dir / f"{stem}.err", "w") as err:
+        proc = subprocess.run(cmd, env=env, stdout=out, stderr=err, text=True, timeout=300)
+    stdout, stderr = (out_dir / f"{stem}.out").read_text(), (out_dir / f"{stem}.err").read_text()
+    assert proc.returncode == 0, stderr[-4000:]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 METHODS = {

@@ -29,8 +29,8 @@ def accuracy_from_logits(model, rows: list[dict], shift: bool = True) -> float:
     scores = []
     with torch.no_grad():
         for row in rows:
-            ids = torch.tensor([row["input_ids"]])
-            labels = torch.tensor(row["labels"])
+            ids = torch.tensor([row["input_ids"]], device=model.device)
+            labels = torch.tensor(row["labels"], device=model.device)
             pred = model(input_ids=ids).logits[0].argmax(-1)
             pred, labels = (pred[:-1], labels[1:]) if shift else (pred, labels)
             trained = labels != -100
@@ -164,5 +164,7 @@ def test_liger_fused_forward_returns_logits_in_eval_and_eval_accuracy(base_cfg, 
         train(None, run)  # fp32 on the GPU (no bf16), so the fp32 CPU reference below agrees
     assert "Liger kernels applied to qwen2 (fused linear cross-entropy)" in caplog.text
     accuracy = json.loads((tmp_path / "liger" / "eval_results.json").read_text())["eval_accuracy"]
-    model = trained_lora_model(tiny_model, tmp_path / "liger")  # fp32 CPU reference, no Liger
+    # the fp32 reference runs on the GPU: Liger's patch is process-wide (the Qwen2 module's norm/rope/SwiGLU
+    # are replaced), and its Triton kernels cannot read CPU tensors
+    model = trained_lora_model(tiny_model, tmp_path / "liger").cuda()
     assert accuracy == pytest.approx(accuracy_from_logits(model, eval_rows(run)), abs=0.02)
