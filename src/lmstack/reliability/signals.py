@@ -3,8 +3,11 @@ stops, see trainer.py); the second aborts at once."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
+import multiprocessing
+import multiprocessing.util  # registers its exit hook now, so the reaper below (registered later) runs first
 import os
 import signal
 import threading
@@ -59,7 +62,31 @@ def workers_ignore_stop_signals(loader: Any) -> Any:
     inner = getattr(loader, "base_dataloader", loader)  # accelerate's adapter iterates the one it wraps
     if getattr(inner, "num_workers", 0) > 0:
         inner.worker_init_fn = functools.partial(_ignore_stop_signals, inner.worker_init_fn)
+        _reap_workers_at_exit()
     return loader
+
+
+@functools.cache
+def _reap_workers_at_exit() -> None:
+    """A worker that ignores SIGTERM outlives torch's `terminate()`: one blocked writing a prefetched batch
+    into a pipe its parent no longer reads (the loop stopped on an exception, e.g. a CUDA OOM) would then
+    block multiprocessing's own exit hook, which joins every child, and the run would hang after its
+    traceback. Registered after that hook, this one runs first (atexit is last-in, first-out) and does
+    what the hook would do to daemonic children (data-loader workers are daemonic), with SIGKILL in place
+    of the SIGTERM they ignore; they hold nothing that needs saving."""
+    atexit.register(_kill_daemonic_children)
+
+
+def _kill_daemonic_children() -> None:
+    children = [child for child in multiprocessing.active_children() if child.daemon]
+    if not children:
+        return
+    # torch's SIGCHLD handler raises in this process when a worker dies of a signal; at exit that is expected
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in children:
+        child.kill()
+    for child in children:
+        child.join(timeout=10)
 
 
 def _ignore_stop_signals(inner: Any, worker_id: int) -> None:
