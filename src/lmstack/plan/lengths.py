@@ -12,8 +12,10 @@ sampler is accelerate's SeedableRandomSampler seeded with `data_seed` (train/com
 seed), whose first epoch is torch.randperm(rows) (`torch_randperm` reproduces it without torch), or the
 rows in order under `disable_shuffling`; num_samples and the val_size split are replayed with the data
 layer's own index functions. A run of steps x batch rows (sft, pt unpacked) then pads to the
-longest of exactly those rows. Other mixes and stages (interleaving; the pairwise stages, whose TRL
-collation is not yet held to a real run; the RL stages' repeat sampler) keep the SAFE_LEVEL bound.
+longest of exactly those rows; a pairwise run (dpo and its reference-free losses, rm) pads the chosen and
+rejected sides of its steps x batch pairs to the longest prompt + answer among them. Other mixes and
+stages (interleaving; kto, whose KL batches pair each row with another row's answer; the RL stages'
+repeat sampler) keep the SAFE_LEVEL bound.
 
 The lengths come from the tokenized cache (data/cache.py) when an entry for this data and these encode
 options exists (found without loading the tokenizer; entries that differ only in tokenizer or template
@@ -148,7 +150,8 @@ def seen_rows(plan: RunPlan, rows: int) -> int:
 
 # torch's CPU randperm draws 64-bit numbers from this size on (aten/src/ATen/native/TensorFactories.cpp)
 RANDPERM_32BIT_BELOW = (1 << 32) // 20
-REPLAYED_STAGES = ("sft", "pt")  # the Trainer's own sampler and collation, held equal to a real run by a test
+# the Trainer's own sampler; each stage's collation held equal to a real run by a test (test_lengths.py)
+REPLAYED_STAGES = ("sft", "pt", "dpo", "rm")
 
 
 def torch_randperm_head(n: int, seed: int, head: int) -> np.ndarray | None:

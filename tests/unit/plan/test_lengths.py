@@ -132,3 +132,36 @@ def test_a_short_run_is_planned_for_the_rows_the_trainer_really_draws(base_cfg, 
     assert got is not None and got.exact and got.seen == steps_rows
     assert got.bound == max(drawn), (got, drawn)
     assert "rows the sampler draws" in got.describe()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"stage": "dpo", "pref_loss": "sigmoid"}, {"stage": "dpo", "pref_loss": "orpo"}, {"stage": "rm"},
+     {"stage": "dpo", "pref_loss": "sigmoid", "val_size": 0.2, "seed": 3}],
+    ids=["dpo", "orpo", "rm", "dpo_val_size_seed"],
+)  # fmt: skip
+def test_a_short_pairwise_run_is_planned_for_the_pairs_the_trainer_really_draws(base_cfg, tmp_path, monkeypatch, extra):
+    """Pairwise trainers pad chosen and rejected of a batch to one width, the longest prompt + answer of its
+    pairs; a real 3-step run records the width of every step's batch, and the planner's bound, replayed
+    from the sampler's seed, equals the widest of them (not the 95% bound on the data's longest pair)."""
+    from transformers import Trainer
+
+    from lmstack.train.run import train
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    flat = {**base_cfg, "dataset": "dpo_en_demo", "cutoff_len": 1024, "max_steps": 3, "packing": False,
+            "per_device_train_batch_size": 2, "output_dir": str(tmp_path / "run"), **extra}  # fmt: skip
+    widths: list[int] = []
+    step = Trainer.training_step
+
+    def recording(self, model, inputs, *args, **kwargs):
+        widths.append(max(v.shape[-1] for k, v in inputs.items() if k.endswith("input_ids")))
+        return step(self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "training_step", recording)
+    train(None, flat)
+    assert len(widths) == 3
+    got = data_lengths(plan_for(build_config(flat), 1, 24), tokenize=False)  # the run filled the cache
+    assert got is not None and got.exact and got.seen == 3 * 2
+    assert got.bound == max(widths), (got, widths)
+    assert got.bound < got.longest  # a bound the SAFE_LEVEL rule would not give
