@@ -269,7 +269,7 @@ def _safe(section: str, name: str, old: Any, new: Any, old_run: dict, new_run: d
 def run_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
     """(changes that are not safe to resume with, safe ones), each as `name: old -> new`."""
     unsafe, safe = [], []
-    labels = {"config": "", "decisions": "run plan ", "data": "data file "}
+    labels = {"config": "", "decisions": "run plan ", "data": "data file ", "inputs": ""}
     for section, label in labels.items():
         a, b = old.get(section), new.get(section)
         if a is None or b is None:
@@ -308,7 +308,8 @@ def check_same_run(checkpoint: Path, plan: RunPlan, manifest: dict | None = None
             f"resume_from_checkpoint: {checkpoint} was trained with other settings; changed: "
             + "; ".join(unsafe)
             + (f" (safe: {'; '.join(safe)})" if safe else "")
-            + ". A resume continues the same run: restore these settings, or train a new run in another "
+            + ". A resume continues the same run: restore these settings and files (data, dataset_info.json, "
+            "model folders), or train a new run in another "
             f"output_dir starting from its weights ({start}: {checkpoint}). What may change on a resume: "
             "max_steps/num_train_epochs raised, the logging/saving/eval cadence, reporting, worker counts, "
             "timeouts (lmstack.reliability.output_dir)"
