@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
+from lmstack.config.errors import ConfigError
 from lmstack.infer.export import export
 from lmstack.reliability.atomic_dir import staging_dir
 
@@ -136,3 +138,29 @@ def test_kill_during_an_overwriting_export_leaves_one_whole_export(models, tmp_p
     export(None, cfg(old, out, export_overwrite=True))
     assert not staging_dir(out).exists()  # ... is removed by the next export
     torch.testing.assert_close(first_weight(out), first_weight(old), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("where", ["dataset_dir", "inside_model", "inside_adapter", "around_model"])
+def test_export_dir_has_the_guards_of_output_dir(models, tmp_path, where):
+    old, _ = models
+    model, data, adapter = tmp_path / "models" / "base", tmp_path / "data", tmp_path / "adapter"
+    shutil.copytree(old, model)
+    shutil.copytree(REPO / "data", data)
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    targets = {
+        "dataset_dir": (data, "is dataset_dir itself"),
+        "inside_model": (model / "merged", "is inside model_name_or_path"),
+        "inside_adapter": (adapter / "merged", "is inside adapter_name_or_path"),
+        "around_model": (tmp_path / "models", "contains model_name_or_path"),
+    }
+    out, words = targets[where]
+    conf = cfg(model, out, dataset_dir=str(data), dataset="alpaca_en_demo", export_overwrite=True)
+    if where == "inside_adapter":
+        conf.update(finetuning_type="lora", adapter_name_or_path=str(adapter))
+    before = tree(tmp_path)
+    with pytest.raises(
+        ConfigError, match=f"export_dir: {re.escape(str(out))} {words}.*choose an export_dir outside"
+    ):
+        export(None, conf)
+    assert tree(tmp_path) == before

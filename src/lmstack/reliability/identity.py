@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lmstack.config.schema import Config
+from lmstack.reliability.checkpoint import sha256_file
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -32,6 +33,19 @@ TOKENIZER_FILES = (
 CONFIG_FILES = ("config.json", "adapter_config.json")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 SAMPLES, BLOCK = 16, 1 << 16
+
+
+_SHA256: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, for data files
+
+
+def data_sha256(path: Path) -> str:
+    """sha256 of a data file, hashed once per process while its size and mtime stay the same (the run
+    manifest, the resume check and every checkpoint's run identity all need it)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA256:
+        _SHA256[key] = sha256_file(path)
+    return _SHA256[key]
 
 
 def weights_identity(path: Path) -> str:
@@ -51,8 +65,6 @@ def weights_identity(path: Path) -> str:
 
 def folder_identity(folder: Path) -> dict[str, str]:
     """file name -> identity, for the tokenizer, config and weight files at the top of `folder`."""
-    from lmstack.reliability.manifest import data_sha256
-
     out = {}
     for path in sorted(p for p in folder.iterdir() if p.is_file()):
         if path.name in TOKENIZER_FILES or path.name in CONFIG_FILES:

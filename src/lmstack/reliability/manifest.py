@@ -23,7 +23,7 @@ from typing import Any
 
 from lmstack.config.schema import Config
 from lmstack.config.secrets import redact
-from lmstack.reliability.checkpoint import sha256_file
+from lmstack.reliability.identity import data_sha256, model_inputs
 
 logger = logging.getLogger(__name__)
 RUN_MANIFEST = "run_manifest.json"
@@ -68,19 +68,6 @@ def hardware() -> dict[str, Any]:
     except Exception as err:  # hardware probing must never stop a run
         info["gpu_probe_error"] = str(err)
     return info
-
-
-_SHA256: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, for data files
-
-
-def data_sha256(path: Path) -> str:
-    """sha256 of a data file, hashed once per process while its size and mtime stay the same (the run
-    manifest, the resume check and every checkpoint's run identity all need it)."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _SHA256:
-        _SHA256[key] = sha256_file(path)
-    return _SHA256[key]
 
 
 def _dataset_files(cfg: Config) -> list[tuple[str, Any, Path, list[Path]]]:
@@ -145,8 +132,6 @@ def data_digests(cfg: Config) -> dict[str, Any]:
 def run_identity(cfg: Config, decisions: dict | None) -> dict[str, Any]:
     """{"run": {config, decisions, data}, "run_hash": sha256 of it}: what a checkpoint was trained
     with. JSON-normalised, so what is stored is exactly what a resume compares."""
-    from lmstack.reliability.identity import model_inputs
-
     inputs = {**dataset_entries(cfg), **model_inputs(cfg)}
     run = {
         "config": cfg.flat(redact=True),

@@ -52,16 +52,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lmstack.config.errors import ConfigError, LmstackError
+from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
 from lmstack.plan.runplan import RunPlan
 from lmstack.reliability.checkpoint import (
+    check_trainer_state,
     checkpoint_step,
     clean_staging,
     delete_checkpoint,
     is_staging,
     list_checkpoints,
     read_manifest,
+    refuse_linked,
     select_resume_checkpoint,
     verify_checkpoint,
 )
@@ -107,58 +109,28 @@ SAFE_DECISIONS = frozenset(
 ABSENT = "(absent)"
 
 
-# ---- output_dir against the run's inputs --------------------------------------------------------
-def _inputs(cfg: Config) -> list[tuple[str, str]]:
-    from lmstack.data.registry import get_dataset_attrs
-
-    m, ft, d = cfg.model, cfg.finetuning, cfg.data
-    adapters = [a.strip() for a in (m.adapter_name_or_path or "").split(",") if a.strip()]
-    items = [("model_name_or_path", m.model_name_or_path), *(("adapter_name_or_path", a) for a in adapters)]
-    items += [
-        (name, value)
-        for name, value in (("ref_model", ft.ref_model), ("reward_model", ft.reward_model))
-        if value
-    ]
-    items.append(("dataset_dir", d.dataset_dir))
-    for names, field in ((d.dataset, "dataset"), (d.eval_dataset, "eval_dataset")):
-        try:
-            attrs = get_dataset_attrs(names, d.dataset_dir, field)
-        except LmstackError:
-            continue  # reported by the datasets check
-        items += [(f"{field} {a.name} ({a.source})", a.source) for a in attrs if a.load_from == "file"]
-    return [(name, path) for name, path in items if Path(path).exists()]  # a hub id is not a local folder
-
-
 def check_paths(plan: RunPlan) -> None:
     """Refuses an output_dir that is, is inside, or contains a model, an adapter or the data."""
-    given = plan.cfg.training.output_dir
-    out = Path(given).resolve()
-    problems, data_dir_hit = [], False
-    for name, path in _inputs(plan.cfg):
-        if name.startswith(("dataset ", "eval_dataset ")) and data_dir_hit:
-            continue  # already said for dataset_dir
-        p = Path(path).resolve()
-        if p == out:
-            problems.append(f"output_dir: {given} is {name} itself")
-        elif p in out.parents:
-            problems.append(f"output_dir: {given} is inside {name} ({path})")
-        elif out in p.parents:
-            problems.append(f"output_dir: {given} contains {name} ({path})")
-        else:
-            continue
-        data_dir_hit = data_dir_hit or name == "dataset_dir"
-    if problems:
-        raise ConfigError(
-            "; ".join(problems) + ". Training writes its weights, checkpoints and logs into output_dir "
-            "(and overwrite_output_dir deletes there), so it would overwrite or mix with them: choose an "
-            "output_dir outside every model, adapter and dataset folder"
-        )
+    from lmstack.reliability.path_guards import refuse_overlap
+
+    refuse_overlap(
+        plan.cfg,
+        "output_dir",
+        plan.cfg.training.output_dir,
+        "Training writes its weights, checkpoints and logs into output_dir (and overwrite_output_dir "
+        "deletes there)",
+    )
 
 
 # ---- what is in output_dir ----------------------------------------------------------------------
 def _lmstack_checkpoint(path: Path) -> bool:
     """checkpoint-N with an lmstack manifest (complete or damaged): lmstack wrote it."""
-    return path.is_dir() and checkpoint_step(path) is not None and read_manifest(path) is not None
+    return (
+        path.is_dir()
+        and not path.is_symlink()
+        and checkpoint_step(path) is not None
+        and read_manifest(path) is not None
+    )
 
 
 def _own_run_file(path: Path) -> bool:
@@ -398,6 +370,7 @@ def prepare(plan: RunPlan) -> str | None:
     if resume is None:
         _start_fresh(cfg, plan.is_main, auto=False)
         return None
+    refuse_linked(out)
     checkpoint = _select(cfg, deep=True, quiet=False)  # newest with a valid manifest; skipped ones logged
     if resume == "auto":
         logger.info(
@@ -407,6 +380,7 @@ def prepare(plan: RunPlan) -> str | None:
         _start_fresh(cfg, plan.is_main, auto=True)
         return None
     manifest = read_manifest(checkpoint) or {}
+    check_trainer_state(checkpoint)
     check_same_run(checkpoint, plan, manifest)
     if _last_step_reached(checkpoint, cfg, manifest) and not manifest.get("outputs_from_checkpoint"):
         step = checkpoint_step(checkpoint) or 0
