@@ -58,8 +58,9 @@ def check_export(cfg: Config) -> Path:
     sources = [cfg.model.model_name_or_path, *adapter_dirs(cfg)]
     if any(Path(s).exists() and Path(s).resolve() == out.resolve() for s in sources):
         raise ConfigError(f"export_dir: {out} is the model or adapter being exported; choose another folder")
-    from lmstack.reliability.path_guards import refuse_overlap
+    from lmstack.reliability.path_guards import check_writable, refuse_overlap
 
+    check_writable("export_dir", str(out))
     refuse_overlap(cfg, "export_dir", str(out), "The export replaces the model files in export_dir")
     if out.is_dir() and any(out.iterdir()) and not cfg.export.export_overwrite:
         raise ConfigError(

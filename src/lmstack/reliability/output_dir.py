@@ -1,8 +1,6 @@
 """output_dir: what a run may find there, what it deletes, and whether a resume may go on.
 
-`check_paths(plan)` (a run check: train/preflight.py, before anything loads): output_dir is never
-model_name_or_path, an adapter_name_or_path, ref_model, reward_model, dataset_dir or a dataset file
-itself, nor inside one of them, nor around one (a full fine-tune into output_dir=M overwrote M).
+Where output_dir may be (never on a model, an adapter or the data; writable): path_guards.py.
 
 `prepare(plan)` (every stage's first step) returns the checkpoint to resume from, or None:
 - no resume_from_checkpoint: output_dir must be empty (`lmstack check`'s data_report.json aside)
@@ -55,6 +53,7 @@ from typing import Any
 from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
 from lmstack.plan.runplan import RunPlan
+from lmstack.reliability import final_outputs
 from lmstack.reliability.checkpoint import (
     check_trainer_state,
     checkpoint_step,
@@ -90,6 +89,8 @@ OWN_OUTPUTS = (
     "training_rewards_chosen.png",  # kto
     "generated_predictions.jsonl",  # sft do_predict
     "predict_results.json",
+    final_outputs.FINAL,
+    final_outputs.PENDING,
     CONFIG_FILE,
 )
 SAFE_TO_CHANGE = frozenset(
@@ -107,19 +108,6 @@ SAFE_DECISIONS = frozenset(
     {"world_size", "checkpointing", "checkpoint_offload", "allocator", "data_workers", "kept_out"}
 )
 ABSENT = "(absent)"
-
-
-def check_paths(plan: RunPlan) -> None:
-    """Refuses an output_dir that is, is inside, or contains a model, an adapter or the data."""
-    from lmstack.reliability.path_guards import refuse_overlap
-
-    refuse_overlap(
-        plan.cfg,
-        "output_dir",
-        plan.cfg.training.output_dir,
-        "Training writes its weights, checkpoints and logs into output_dir (and overwrite_output_dir "
-        "deletes there)",
-    )
 
 
 # ---- what is in output_dir ----------------------------------------------------------------------
@@ -313,6 +301,8 @@ def _last_step_reached(checkpoint: Path, cfg: Config, manifest: dict) -> bool:
 def _final_metrics(out: Path, step: int | None) -> dict | None:
     """all_results.json when the final outputs of the run that ended at `step` are all written."""
     state, config, results = out / STATE_FILE, out / CONFIG_FILE, out / RESULTS_FILE
+    if final_outputs.incomplete(out):
+        return None  # stopped while the final outputs were written (a kill, a full disk)
     try:
         if json.loads(state.read_text()).get("global_step") != step:
             return None  # killed while the final model was written (its trainer_state.json comes next)

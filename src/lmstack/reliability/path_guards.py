@@ -5,6 +5,8 @@ an export into the adapter's folder mixes the merged model with the adapter)."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from lmstack.config.errors import ConfigError, LmstackError
@@ -55,3 +57,37 @@ def refuse_overlap(cfg: Config, field: str, given: str, why: str) -> None:
             "; ".join(problems) + f". {why}, so it would overwrite or mix with them: choose an {field} "
             "outside every model, adapter and dataset folder"
         )
+
+
+def check_writable(field: str, given: str) -> None:
+    """`given` is a folder (or can become one) that this process can create files in: checked by
+    creating one in it (or in its nearest existing parent), since permission bits do not tell a
+    read-only mount. Nothing is left behind; the folder itself is not created here."""
+    path = Path(given).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{field}: {given} is a file; give a folder (a new or an existing one)")
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{field}: {given} lies under {probe}, which is a file; give a folder path")
+    try:
+        fd, name = tempfile.mkstemp(prefix=".lmstack-write-check-", dir=probe)
+        os.close(fd)
+        os.unlink(name)
+    except OSError as err:
+        raise ConfigError(
+            f"{field}: {given}: cannot create files in {probe} ({err.strerror}); choose a folder on a "
+            "writable disk, or fix its permissions"
+        ) from None
+
+
+def check_output_dir(cfg: Config) -> None:
+    """A run check (train/preflight.py, before anything loads; run_lock.py checks it is writable)."""
+    refuse_overlap(
+        cfg,
+        "output_dir",
+        cfg.training.output_dir,
+        "Training writes its weights, checkpoints and logs into output_dir (and overwrite_output_dir "
+        "deletes there)",
+    )
