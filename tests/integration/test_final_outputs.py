@@ -109,3 +109,59 @@ def test_a_final_save_stopped_by_a_full_disk_is_refused_and_finished_by_a_resume
     (out / "tokenizer.json").write_bytes(b"{")  # truncated after the fact: the marker's sizes tell
     with pytest.raises(ConfigError, match="tokenizer.json has 1 bytes, final_outputs.json says"):
         export(None, {**exporting, "adapter_name_or_path": str(out), "export_overwrite": True})
+
+
+# `lmstack train <yaml>` SIGKILLed inside its final save: the adapter is written, the tokenizer is not
+KILL_DRIVER = """
+import os, sys, time
+from pathlib import Path
+from transformers import PreTrainedTokenizerBase
+flag, out, original = Path(os.environ["FLAG"]), Path(os.environ["OUT"]), PreTrainedTokenizerBase.save_pretrained
+def save_pretrained(self, save_directory, *args, **kwargs):
+    if Path(save_directory) == out:
+        flag.write_text(str(os.getpid()))
+        time.sleep(600)
+    return original(self, save_directory, *args, **kwargs)
+PreTrainedTokenizerBase.save_pretrained = save_pretrained
+from lmstack.cli.main import main
+sys.exit(main(["train", sys.argv[1]]))
+"""
+
+
+def test_a_kill_inside_the_final_save_is_refused_by_export_and_finished_by_a_resume(cfg, tmp_path):
+    import os
+    import signal
+    import sys
+    import time
+
+    import yaml
+
+    out, flag = tmp_path / "run", tmp_path / "reached"
+    run = {**cfg, "output_dir": str(out)}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
+    env = {**os.environ, "FLAG": str(flag), "OUT": str(out), "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2] / "src"), env.get("PYTHONPATH", "")]
+    )
+    with (tmp_path / "killed.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILL_DRIVER, str(tmp_path / "run.yaml")], env=env, stdout=log, stderr=log
+        )
+        deadline = time.time() + 300  # a safety net only: the flag file is the event waited for
+        while not flag.is_file():
+            assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+            assert time.time() < deadline, "the final save was not reached"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert (out / "adapter_model.safetensors").is_file() and (out / final_outputs.PENDING).is_file()
+    exporting = {
+        "model_name_or_path": cfg["model_name_or_path"],
+        "template": "qwen",
+        "export_dir": str(tmp_path / "m"),
+    }
+    with pytest.raises(ConfigError, match="its final save did not finish"):
+        export(None, {**exporting, "adapter_name_or_path": str(out)})
+    train(None, {**run, "resume_from_checkpoint": "auto"})
+    assert final_outputs.incomplete(out) is None
+    export(None, {**exporting, "adapter_name_or_path": str(out)})
