@@ -164,3 +164,20 @@ def test_export_dir_has_the_guards_of_output_dir(models, tmp_path, where):
     ):
         export(None, conf)
     assert tree(tmp_path) == before
+
+
+def test_an_export_that_no_longer_verifies_is_refused_by_its_readers(models, tmp_path):
+    from lmstack.infer.engine import check_inference, load_infer_config
+
+    old, _ = models
+    out = tmp_path / "export"
+    export(None, cfg(old, out))
+    (out / "README.md").write_text("model card")  # added afterwards: the user's, no problem
+    reading = {"model_name_or_path": str(out), "template": "qwen", "finetuning_type": "full"}
+    check_inference(load_infer_config(None, reading))
+    raw = (out / "model.safetensors").read_bytes()
+    (out / "model.safetensors").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(
+        ConfigError, match=f"model_name_or_path: {out}: model.safetensors has {len(raw) // 2} bytes"
+    ):
+        check_inference(load_infer_config(None, reading))

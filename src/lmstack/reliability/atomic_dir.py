@@ -78,7 +78,7 @@ def _carry_foreign(final: Path, staged: Path, is_output: Callable[[str], bool]) 
     kept = []
     for path in sorted(p for p in final.rglob("*") if p.is_file()):
         name = path.relative_to(final).as_posix()
-        if name in owned or name.startswith(".") or (staged / name).exists():
+        if name in owned or name == f".{MANIFEST}.tmp" or (staged / name).exists():
             continue
         (staged / name).parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -120,4 +120,10 @@ def incomplete(folder: Path, kind: str) -> str | None:
     manifest = read_manifest(folder)
     if manifest is None or manifest.get("kind") != kind:
         return None
-    return verify_checkpoint(folder, deep=False)
+    for name, entry in (manifest.get("files") or {}).items():  # files added afterwards are the user's
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is listed in {MANIFEST} but missing"
+        if path.stat().st_size != entry.get("size"):
+            return f"{name} has {path.stat().st_size} bytes, {MANIFEST} says {entry.get('size')}"
+    return None
