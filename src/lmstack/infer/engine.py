@@ -64,11 +64,32 @@ def check_inference(cfg: Config) -> None:
                 f"adapter_name_or_path: {path} has no adapter_config.json; give the output_dir (or a "
                 "checkpoint-N folder) of a LoRA run"
             )
+    _refuse_unfinished(cfg, adapters)
     if cfg.model.quantization_bit is not None:
         raise ConfigError(
             f"quantization_bit: got {cfg.model.quantization_bit}; chat/api/export load the base unquantized "
             "and merge the adapters into it — remove quantization_bit"
         )
+
+
+def _refuse_unfinished(cfg: Config, adapters: list[str]) -> None:
+    """A run's output_dir whose final save did not finish, or an export that does not verify."""
+    from lmstack.reliability import atomic_dir, final_outputs
+
+    for field, where in [
+        ("model_name_or_path", cfg.model.model_name_or_path),
+        *(("adapter_name_or_path", a) for a in adapters),
+    ]:
+        folder = Path(where).expanduser()
+        if not folder.is_dir():
+            continue
+        reason = final_outputs.incomplete(folder) or atomic_dir.incomplete(folder, "export")
+        if reason:
+            raise ConfigError(
+                f"{field}: {where}: {reason}; its files may be a mix of complete and truncated ones. Finish "
+                "the run (resume_from_checkpoint: auto writes the final outputs again from its last "
+                "checkpoint) or load one of its checkpoint-N folders"
+            )
 
 
 def inference_dtype(cfg: Config) -> Any:

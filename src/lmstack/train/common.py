@@ -326,7 +326,11 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
     and the run plan in lmstack_config.yaml / run_manifest.json."""
     cfg = plan.cfg
     from lmstack.models.adapter_save import save_model
+    from lmstack.reliability import final_outputs
 
+    out = Path(cfg.training.output_dir)
+    if trainer.is_world_process_zero():
+        final_outputs.begin(out)  # until complete(): readers see the outputs as unfinished
     save_model(trainer)  # a LoRA adapter is checked on disk: an empty one is an error
     trainer.save_state()
     metrics = dict(train_result.metrics)
@@ -354,3 +358,4 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
                 cfg.training.output_dir, ["loss", "eval_loss", "eval_accuracy", *plot_keys]
             ):
                 logger.info("wrote %s", path)
+        final_outputs.complete(out)  # last: every final file is whole

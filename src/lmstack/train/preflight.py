@@ -109,9 +109,9 @@ def _best_model(plan: RunPlan) -> None:
 
 
 def _output_dir(plan: RunPlan) -> None:
-    from lmstack.reliability.output_dir import check_paths
+    from lmstack.reliability.path_guards import check_output_dir
 
-    check_paths(plan)  # never the model, an adapter or the data (nor inside / around one of them)
+    check_output_dir(plan.cfg)  # never the model, an adapter or the data (nor inside / around one); writable
 
 
 CHECKS: list[Callable[[RunPlan], None]] = [
