@@ -133,6 +133,12 @@ def check_paths(plan: RunPlan) -> None:
     """Refuses an output_dir that is, is inside, or contains a model, an adapter or the data."""
     given = plan.cfg.training.output_dir
     out = Path(given).resolve()
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ConfigError(
+            f"output_dir: {given} cannot be a folder: {blocking} is an existing file; "
+            "give output_dir a folder path (new or existing)"
+        )
     problems, data_dir_hit = [], False
     for name, path in _inputs(plan.cfg):
         if name.startswith(("dataset ", "eval_dataset ")) and data_dir_hit:
