@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmstack.config.errors import ConfigError
+from lmstack.templates.bounded import bounded_render
 from lmstack.templates.builtin import builtin_template
 from lmstack.templates.template import Template, check_roles, fix_special_tokens
 
@@ -74,7 +75,8 @@ class TokenizerTemplate:
         conv = ([{"role": "system", "content": system}] if system is not None else []) + [
             _hf_message(m) for m in messages
         ]
-        return tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen, **kw)
+        with bounded_render(self.name):
+            return tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen, **kw)
 
     def render_pairs(
         self,
