@@ -460,6 +460,24 @@ def test_an_unknown_model_type_without_auto_map_is_refused_before_the_model_load
     assert not out.exists()
 
 
+def test_a_pickled_adapter_that_is_not_plain_tensors_is_refused_before_the_model_loads(cfg, tmp_path):
+    import argparse
+
+    import torch
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    torch.save({"w": torch.zeros(2), "extra": argparse.Namespace(a=1)}, adapter / "adapter_model.bin")
+    out = tmp_path / "o"
+    with pytest.raises(ConfigError) as err:
+        train(None, {**cfg, "adapter_name_or_path": str(adapter), "output_dir": str(out)})
+    message = str(err.value)
+    assert f"adapter_name_or_path: {adapter / 'adapter_model.bin'} holds pickled objects" in message
+    assert "Weights only load failed" not in message and "safetensors.torch import save_file" in message
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("entry", ["up", "absolute", "link", "prefix"])
 def test_dataset_file_name_cannot_escape_dataset_dir(cfg, tmp_path, entry):
     root = tmp_path / "data"

@@ -44,6 +44,9 @@ def _adapters(plan: RunPlan) -> None:
     cfg = plan.cfg
     if cfg.finetuning.finetuning_type != "lora" and cfg.model.adapter_name_or_path:
         raise ConfigError("adapter_name_or_path: adapters need finetuning_type: lora")
+    from lmstack.models.adapter_save import check_adapter_files
+
+    check_adapter_files(cfg.model.adapter_name_or_path)
 
 
 def _methods(plan: RunPlan) -> None:
