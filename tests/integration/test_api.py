@@ -394,6 +394,7 @@ def test_completions_endpoint(client, engine):
         ({"prompt": "hi", "echo": True}, 400, "echo: not supported"),
         ({"prompt": "hi", "best_of": 3}, 400, "best_of: got 3"),
         ({"prompt": []}, 400, "prompt: empty"),
+        ({"prompt": ""}, 400, "prompt: an empty string; give the text to complete"),
         (
             {"prompt": ["a", "b"], "n": 9},
             400,
@@ -492,6 +493,12 @@ TOOL = {
         ),
         (b"[" * 100_000, 400, "request body is not valid JSON: nested too deeply"),
         (b"\xff\xfe{}", 400, "not valid JSON"),
+        (
+            b'{"model": "tiny-qwen", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+            400,
+            "request body: a string holds \\ud800, a lone surrogate; send valid Unicode",
+        ),
+        ({**GOOD, "seed": 2**64}, 422, "seed: Input should be less than or equal to"),
     ],
 )
 def test_bad_requests_get_4xx_json_errors(server, body, status, message):
