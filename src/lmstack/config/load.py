@@ -341,4 +341,4 @@ def save_config(cfg: Config, path: str | Path, plan_lines: str | None = None) ->
     text = yaml.safe_dump(cfg.flat(redact=True), sort_keys=False, allow_unicode=True)
     if plan_lines:
         text += "".join(f"# {line}\n" for line in plan_lines.splitlines())
-    Path(path).write_text(text)
+    Path(path).write_text(secrets.redact(text))  # token-like text in any field, as the manifest masks it
