@@ -182,6 +182,12 @@ class DataArgs(Section):
         description="Reasoning templates: LLaMA-Factory's thought rules, or inference = history as the "
         "model's chat template shows it (lmstack's rules; templates/THINKING.md).",
     )
+    escape_special_tokens_in_content: bool = Field(
+        False,
+        description="lmstack-only: tokenize user and tool-result text with special tokens not parsed "
+        "(`<|im_end|>` typed by a user stays text); the template's own markup is unchanged. Off: special-"
+        "token strings anywhere are control tokens, as in LLaMA-Factory and vLLM. Needs template: <name>.",
+    )
     ignore_pad_token_for_loss: bool = Field(True, description="Padding positions never count in the loss.")
     image_max_pixels: int = Field(
         768 * 768,

@@ -49,8 +49,8 @@ def check_inference(cfg: Config) -> None:
     from lmstack.templates import get_template
 
     check_model_path(cfg)
-    if cfg.data.template:
-        get_template(cfg.data.template)
+    if cfg.data.template or cfg.data.escape_special_tokens_in_content:
+        get_template(cfg.data.template, escape_content=cfg.data.escape_special_tokens_in_content)
     adapters = adapter_dirs(cfg)
     if adapters and cfg.finetuning.finetuning_type != "lora":
         raise ConfigError(
@@ -93,7 +93,12 @@ def load_tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
     from lmstack.templates import get_template
 
     tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
+    template = get_template(
+        cfg.data.template,
+        tokenizer,
+        thinking_style=cfg.data.thinking_style,
+        escape_content=cfg.data.escape_special_tokens_in_content,
+    )
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
     return tokenizer, template

@@ -24,8 +24,9 @@ def _model(plan: RunPlan) -> None:
 def _template(plan: RunPlan) -> None:
     from lmstack.templates import get_template
 
-    if plan.cfg.data.template:
-        get_template(plan.cfg.data.template)
+    data = plan.cfg.data
+    if data.template or data.escape_special_tokens_in_content:
+        get_template(data.template, escape_content=data.escape_special_tokens_in_content)
 
 
 def _datasets(plan: RunPlan) -> None:
