@@ -750,3 +750,20 @@ def test_escape_special_tokens_in_content_reaches_the_served_prompt(api_cfg, eng
         engine.tokenizer, forged
     )
     assert len(escaped) > plain and reply.usage.prompt_tokens == len(escaped)
+
+
+def test_a_chat_template_past_the_work_budget_stops_the_api_before_the_model_loads(tiny_model, tmp_path):
+    import shutil
+
+    model = tmp_path / "looping"
+    shutil.copytree(tiny_model, model)
+    (model / "chat_template.jinja").write_text(  # finite (3 million loop turns), past the budget
+        "{% for i in range(3000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}"
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    (tmp_path / "api.yaml").write_text(yaml.safe_dump({"model_name_or_path": str(model)}))
+    cmd = [sys.executable, "-m", "lmstack.cli.main", "api", str(tmp_path / "api.yaml"), "--port", "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "ran past 2000000 lines of template code" in done.stderr and "set template: <name>" in done.stderr
+    assert "Traceback" not in done.stderr

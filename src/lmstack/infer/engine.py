@@ -90,7 +90,7 @@ def inference_dtype(cfg: Config) -> Any:
 def load_tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
     """The tokenizer fixed by the training template, and the template."""
     from lmstack.models.load import load_tokenizer
-    from lmstack.templates import get_template
+    from lmstack.templates import TokenizerTemplate, get_template
 
     tokenizer = load_tokenizer(cfg)
     template = get_template(
@@ -101,6 +101,8 @@ def load_tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
     )
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
+    if isinstance(template, TokenizerTemplate):  # a looping or refused chat template stops here
+        template.probe(tokenizer)
     return tokenizer, template
 
 

@@ -150,6 +150,17 @@ class TokenizerTemplate:
     def fix_tokenizer(self, tokenizer: Any) -> list[str]:
         return fix_special_tokens(tokenizer, self.name, self.stop_words, self.replace_eos)
 
+    def probe(self, tokenizer: Any) -> None:
+        """One render before a model loads (`chat`, `api`): a template that runs past the work budget
+        or that the sandbox refuses is a ConfigError here, not on every request. What the template
+        refuses about this one message (its own raise_exception) is left for real requests."""
+        from jinja2.exceptions import TemplateError
+
+        try:
+            self.encode_prompt(tokenizer, [{"role": "user", "content": "Hello"}])
+        except (TemplateError, ValueError, TypeError):
+            pass
+
     def stop_token_ids(self, tokenizer: Any) -> list[int]:
         return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
