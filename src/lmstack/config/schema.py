@@ -220,7 +220,7 @@ class DataArgs(Section):
     def _val_size_form(cls, value: float) -> float:
         # a fraction below 1 or a whole record count: 1.5 is neither, and int() would silently read 1
         if value >= 1 and value != int(value):
-            raise ValueError(f"got {value}; give a fraction below 1 or a whole number of records")
+            raise ValueError("give a fraction in (0, 1) or a whole number of records >= 1 (LF's two forms)")
         return value
 
     @model_validator(mode="after")

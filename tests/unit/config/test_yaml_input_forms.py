@@ -45,3 +45,12 @@ def test_a_secret_of_the_wrong_type_is_not_echoed():
     with pytest.raises(ConfigError) as err:
         build_config({"model_name_or_path": "m", "hf_hub_token": 918273645501})
     assert "hf_hub_token" in str(err.value) and "918273645501" not in str(err.value)
+
+
+def test_val_size_between_forms_names_both_of_lfs_forms_once():
+    with pytest.raises(ConfigError) as err:
+        build_config({"model_name_or_path": "m", "val_size": 1.5})
+    message = str(err.value)
+    assert (
+        message.count("got 1.5") == 1 and "a fraction in (0, 1) or a whole number of records >= 1" in message
+    )
