@@ -82,7 +82,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--port", type=int, help="port (default: env API_PORT, else 8000; 0 = any free port, printed)"
     )
-    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: env API_KEY)")
+    p.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` (default: env API_KEY; prefer API_KEY: a key given "
+        "here is visible to every user of the machine in `ps`)",
+    )
     p.add_argument(
         "--model-name", help="model id reported by /v1/models (default: the model/adapter folder name)"
     )

@@ -39,7 +39,12 @@ def run_check(config: str | None, overrides: list[str] | dict | None = None) -> 
     logger.info("%s", plan.describe())
     cfg = plan.cfg
     tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
+    template = get_template(
+        cfg.data.template,
+        tokenizer,
+        thinking_style=cfg.data.thinking_style,
+        escape_content=cfg.data.escape_special_tokens_in_content,
+    )
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
     report = check_data(cfg, tokenizer, template, pt_split=plan.split_long_texts)

@@ -29,8 +29,13 @@ class _DupKeyLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _DupKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """`<<: *anchor` merges as in PyYAML's safe_load (and LF's OmegaConf): the mapping's own keys win
+    over merged ones; only its own keys count as set twice."""
+    own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+    loader.flatten_mapping(node)
     mapping: dict = {}
-    for key_node, value_node in node.value:
+    merged = [(k, v) for k, v in node.value if id(k) not in own]
+    for key_node, value_node in [(k, v) for k, v in node.value if id(k) in own]:
         key = loader.construct_object(key_node, deep=deep)
         value = loader.construct_object(value_node, deep=deep)
         if not isinstance(key, str | int | float | bool | type(None)):
@@ -45,6 +50,10 @@ def _construct_mapping(loader: _DupKeyLoader, node: yaml.MappingNode, deep: bool
                 )
             loader.duplicates.append(f"{key} (line {line})")
         mapping[key] = value
+    for key_node, value_node in merged:
+        mapping.setdefault(
+            loader.construct_object(key_node, deep=deep), loader.construct_object(value_node, deep=deep)
+        )
     return mapping
 
 
@@ -119,7 +128,16 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file not found: {path}")
     if path.stat().st_size > 4 * MAX_YAML_CHARS:  # refuse before reading a huge file
         raise ConfigError(f"{path}: {path.stat().st_size} bytes; a config is at most {MAX_YAML_CHARS}")
-    data, duplicates = _safe_load(path.read_text(encoding="utf-8"), str(path))
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}: line {line}: byte {raw[err.start]:#04x} is not UTF-8; a config file is UTF-8 text: "
+            "re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+        ) from None
+    data, duplicates = _safe_load(text, str(path))
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of field: value, got {type(data).__name__}")
@@ -233,6 +251,9 @@ def _explain(section: str, err: ValidationError) -> list[str]:
             lines.append(f"{field}: required field is missing; add `{field}: ...` to the YAML")
             continue
         got = e.get("input")
+        if secrets.SECRET_NAME.search(field):  # a secret is never echoed, whatever its type
+            lines.append(f"{field}: got a value of type {type(got).__name__} (not shown: a secret); {msg}")
+            continue
         choices = _literal_choices(section, field) if field in SECTIONS[section].model_fields else None
         if e["type"].startswith("literal") or (choices and e["type"] in ("bool_parsing", "bool_type")):
             allowed = " | ".join(choices or [])
@@ -320,4 +341,4 @@ def save_config(cfg: Config, path: str | Path, plan_lines: str | None = None) ->
     text = yaml.safe_dump(cfg.flat(redact=True), sort_keys=False, allow_unicode=True)
     if plan_lines:
         text += "".join(f"# {line}\n" for line in plan_lines.splitlines())
-    Path(path).write_text(text)
+    Path(path).write_text(secrets.redact(text))  # token-like text in any field, as the manifest masks it

@@ -182,6 +182,12 @@ class DataArgs(Section):
         description="Reasoning templates: LLaMA-Factory's thought rules, or inference = history as the "
         "model's chat template shows it (lmstack's rules; templates/THINKING.md).",
     )
+    escape_special_tokens_in_content: bool = Field(
+        False,
+        description="lmstack-only: tokenize user and tool-result text with special tokens not parsed "
+        "(`<|im_end|>` typed by a user stays text); the template's own markup is unchanged. Off: special-"
+        "token strings anywhere are control tokens, as in LLaMA-Factory and vLLM. Needs template: <name>.",
+    )
     ignore_pad_token_for_loss: bool = Field(True, description="Padding positions never count in the loss.")
     image_max_pixels: int = Field(
         768 * 768,
@@ -214,7 +220,7 @@ class DataArgs(Section):
     def _val_size_form(cls, value: float) -> float:
         # a fraction below 1 or a whole record count: 1.5 is neither, and int() would silently read 1
         if value >= 1 and value != int(value):
-            raise ValueError(f"got {value}; give a fraction below 1 or a whole number of records")
+            raise ValueError("give a fraction in (0, 1) or a whole number of records >= 1 (LF's two forms)")
         return value
 
     @model_validator(mode="after")

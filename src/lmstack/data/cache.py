@@ -108,6 +108,14 @@ def cache_key(attr: DatasetAttr, tokenizer: Any, template: Any, opts: Any, max_s
     return {"digest": digest, "parts": parts}
 
 
+def _key_text(parts: dict) -> str:
+    """key.json: the key's inputs as text, token-like values masked as in every file lmstack writes
+    (the digest is taken over the real values, so two secrets never share an entry)."""
+    from lmstack.config.secrets import redact
+
+    return redact(json.dumps(parts, sort_keys=True, default=str))
+
+
 def _entry_dir(name: str, digest: str) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     return cache_root() / f"{safe}-{digest}"
@@ -134,7 +142,7 @@ def _changed_inputs(name: str, parts: dict) -> list[str]:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     if not root.is_dir():
         return []
-    new = json.loads(json.dumps(parts, sort_keys=True, default=str))
+    new = json.loads(_key_text(parts))  # as key.json holds it: token-like text masked
     best: tuple[int, float, list[str]] | None = None
     for key_file in root.glob(f"{safe}-*/key.json"):
         if not (key_file.parent / "COMPLETE").is_file():
@@ -215,7 +223,7 @@ def store(key: dict, name: str, dataset: TokenizedDataset, stats: dict) -> None:
     try:
         dataset.save(tmp)
         (tmp / "stats.json").write_text(json.dumps(stats))
-        (tmp / "key.json").write_text(json.dumps(key["parts"], sort_keys=True, default=str))
+        (tmp / "key.json").write_text(_key_text(key["parts"]))
         sizes = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
         (tmp / "COMPLETE").write_text(json.dumps(sizes, sort_keys=True))
         if final.exists():

@@ -30,9 +30,11 @@ from lmstack.data.mix import mix_datasets, parse_probs
 from lmstack.data.mm import check_media_datasets, check_media_template, media_spec, raise_media_problems
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.stats import (
+    MAX_CONTROL_SHOWN,
     DataBundle,
     DatasetStats,
     check_ranking,
+    control_chars_in,
     encode_options,
     log_stats,
     no_valid_samples,
@@ -61,6 +63,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int, 
     problems: list[tuple] = []
     truncated = fields_cut = 0
     placeholders: Counter = Counter()
+    control: list[tuple[int, list[str]]] = []
     for i in range(*bounds):
         raw = records[i]
         if raw.error:
@@ -77,6 +80,8 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int, 
         truncated += bool(was_cut)
         fields_cut += n_cut
         placeholders.update(placeholders_in(raw.data))
+        if chars := control_chars_in(raw.data):
+            control.append((i, sorted(chars)))
         for key, value in sample.items():
             if isinstance(value, list | tuple):
                 flat.setdefault(key, array("i")).extend(value)
@@ -84,7 +89,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int, 
             else:
                 dense.setdefault(key, []).append(value)
     ragged = {k: (np.frombuffer(v, dtype=np.int32), lengths[k]) for k, v in flat.items()}
-    return ragged, dense, problems, truncated, fields_cut, placeholders
+    return ragged, dense, problems, truncated, fields_cut, placeholders, control
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -120,7 +125,7 @@ def encode_records(
         _JOB.clear()
     ragged: dict[str, tuple[list, list]] = {}
     dense: dict[str, list] = {}
-    for part_ragged, part_dense, problems, truncated, fields_cut, placeholders in results:
+    for part_ragged, part_dense, problems, truncated, fields_cut, placeholders, control in results:
         for key, (values, lens) in part_ragged.items():
             ragged.setdefault(key, ([], []))
             ragged[key][0].append(values)
@@ -130,6 +135,12 @@ def encode_records(
         stats.truncated += truncated
         stats.fields_cut += fields_cut
         stats.placeholders.update(placeholders)
+        stats.control_records += len(control)
+        room = MAX_CONTROL_SHOWN - len(stats.control)
+        stats.control += [
+            {"file": records[i].file, "position": records[i].position, "chars": c}
+            for i, c in control[: max(room, 0)]
+        ]
         for idx, fld, kind, reason in problems:
             raw = records[idx]
             stats.dropped[kind] += 1

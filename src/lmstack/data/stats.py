@@ -32,6 +32,8 @@ class DatasetStats:
     fields_cut: int = 0  # text fields cut to field_chars characters before tokenizing
     field_chars: int = 0
     placeholders: Counter = field(default_factory=Counter)  # "{{name}}" -> kept records holding it
+    control: list[dict] = field(default_factory=list)  # kept records with control characters (first ones)
+    control_records: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -44,6 +46,8 @@ class DatasetStats:
             "fields_cut": self.fields_cut,
             "field_chars": self.field_chars,
             "placeholders": dict(self.placeholders),
+            "control": self.control,
+            "control_records": self.control_records,
         }
 
     @classmethod
@@ -58,6 +62,8 @@ class DatasetStats:
             d.get("fields_cut", 0),  # absent from the reports written before the bound existed
             d.get("field_chars", 0),
             Counter(d.get("placeholders", {})),
+            d.get("control", []),
+            d.get("control_records", 0),
         )
 
 
@@ -109,6 +115,32 @@ def placeholder_warning(stats: DatasetStats) -> str:
     )
 
 
+# C0 controls but tab/newline/carriage return, and DEL: invisible in a terminal (ESC even rewrites it)
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+MAX_CONTROL_SHOWN = 5
+
+
+def control_chars_in(record: Any) -> set[str]:
+    """The control characters (as U+XXXX) in a record's strings: trained as written, never meant."""
+    if isinstance(record, str):
+        return {f"U+{ord(c):04X}" for c in CONTROL.findall(record)}
+    values = record.values() if isinstance(record, dict) else record if isinstance(record, list) else ()
+    return set().union(*(control_chars_in(v) for v in values))
+
+
+def control_warning(stats: DatasetStats) -> str:
+    where = "; ".join(f"{c['file']} {c['position']} ({', '.join(c['chars'])})" for c in stats.control)
+    more = (
+        f" and {stats.control_records - len(stats.control)} more"
+        if stats.control_records > len(stats.control)
+        else ""
+    )
+    return (
+        f"dataset {stats.name}: {stats.control_records} kept records hold control characters, which are "
+        f"tokenized and trained as written: {where}{more}; remove them from the data if not intended"
+    )
+
+
 def truncation_warning(stats: DatasetStats, cutoff_len: int) -> str:
     """A warning, not a note: rows cut to cutoff_len lose the answer's end (LF truncates silently,
     and a small cutoff_len can leave one trained token a row)."""
@@ -135,6 +167,8 @@ def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
         logger.warning("%s", truncation_warning(stats, cutoff_len))
     if stats.placeholders:
         logger.warning("%s", placeholder_warning(stats))
+    if stats.control_records:
+        logger.warning("%s", control_warning(stats))
     for p in stats.problems[:MAX_LOGGED_PROBLEMS]:
         logger.warning("  %s", format_problem(p))
     if len(stats.problems) > MAX_LOGGED_PROBLEMS:

@@ -49,8 +49,8 @@ def check_inference(cfg: Config) -> None:
     from lmstack.templates import get_template
 
     check_model_path(cfg)
-    if cfg.data.template:
-        get_template(cfg.data.template)
+    if cfg.data.template or cfg.data.escape_special_tokens_in_content:
+        get_template(cfg.data.template, escape_content=cfg.data.escape_special_tokens_in_content)
     adapters = adapter_dirs(cfg)
     if adapters and cfg.finetuning.finetuning_type != "lora":
         raise ConfigError(
@@ -111,12 +111,19 @@ def inference_dtype(cfg: Config) -> Any:
 def load_tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
     """The tokenizer fixed by the training template, and the template."""
     from lmstack.models.load import load_tokenizer
-    from lmstack.templates import get_template
+    from lmstack.templates import TokenizerTemplate, get_template
 
     tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
+    template = get_template(
+        cfg.data.template,
+        tokenizer,
+        thinking_style=cfg.data.thinking_style,
+        escape_content=cfg.data.escape_special_tokens_in_content,
+    )
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
+    if isinstance(template, TokenizerTemplate):  # a looping or refused chat template stops here
+        template.probe(tokenizer)
     return tokenizer, template
 
 

@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from lmstack.config.errors import LmstackError
+from lmstack.config.errors import ConfigError, LmstackError
 from lmstack.launch.dist import barrier, world_size
 
 logger = logging.getLogger(__name__)
@@ -198,3 +198,32 @@ def save_model(trainer: Any) -> None:
     if peft and trainer.is_world_process_zero():
         count = check_adapter_file(output_dir)
         logger.info("adapter saved: %d tensors in %s", count, Path(output_dir) / ADAPTER_FILE)
+
+
+PICKLED_ADAPTER = "adapter_model.bin"
+
+
+def check_adapter_files(adapters: str | None) -> None:
+    """A local adapter saved only as a pickle (`adapter_model.bin`) must hold plain tensors: PEFT
+    reads it with torch.load(weights_only=True), which refuses anything else after the model loaded.
+    Read here the same way, before anything loads, so the refusal says what to do."""
+    import pickle
+
+    import torch
+
+    for name in [a.strip() for a in (adapters or "").split(",") if a.strip()]:
+        folder = Path(name)
+        pickled = folder / PICKLED_ADAPTER
+        if (folder / ADAPTER_FILE).is_file() or not pickled.is_file():
+            continue
+        try:
+            torch.load(pickled, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError):
+            raise ConfigError(
+                f"adapter_name_or_path: {pickled} holds pickled objects that are not plain tensors "
+                f"(torch.load with weights_only=True refuses it); lmstack loads adapters as {ADAPTER_FILE} "
+                'and never unpickles code. Convert it where you trust the file: python -c "import torch; '
+                "from safetensors.torch import save_file; sd = torch.load("
+                f"'{pickled}', weights_only=False); save_file({{k: v.contiguous() for k, v in sd.items() "
+                f"if isinstance(v, torch.Tensor)}}, '{folder / ADAPTER_FILE}')\""
+            ) from None

@@ -84,6 +84,14 @@ def check_writable(field: str, given: str) -> None:
 
 def check_output_dir(cfg: Config) -> None:
     """A run check (train/preflight.py, before anything loads; run_lock.py checks it is writable)."""
+    given = cfg.training.output_dir
+    out = Path(given).resolve()
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ConfigError(
+            f"output_dir: {given} cannot be a folder: {blocking} is an existing file; "
+            "give output_dir a folder path (new or existing)"
+        )
     refuse_overlap(
         cfg,
         "output_dir",

@@ -171,7 +171,12 @@ def tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
     from lmstack.templates import get_template
 
     tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
+    template = get_template(
+        cfg.data.template,
+        tokenizer,
+        thinking_style=cfg.data.thinking_style,
+        escape_content=cfg.data.escape_special_tokens_in_content,
+    )
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
     return tokenizer, template

@@ -24,8 +24,9 @@ def _model(plan: RunPlan) -> None:
 def _template(plan: RunPlan) -> None:
     from lmstack.templates import get_template
 
-    if plan.cfg.data.template:
-        get_template(plan.cfg.data.template)
+    data = plan.cfg.data
+    if data.template or data.escape_special_tokens_in_content:
+        get_template(data.template, escape_content=data.escape_special_tokens_in_content)
 
 
 def _datasets(plan: RunPlan) -> None:
@@ -44,6 +45,9 @@ def _adapters(plan: RunPlan) -> None:
     cfg = plan.cfg
     if cfg.finetuning.finetuning_type != "lora" and cfg.model.adapter_name_or_path:
         raise ConfigError("adapter_name_or_path: adapters need finetuning_type: lora")
+    from lmstack.models.adapter_save import check_adapter_files
+
+    check_adapter_files(cfg.model.adapter_name_or_path)
 
 
 def _methods(plan: RunPlan) -> None:
