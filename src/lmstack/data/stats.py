@@ -109,6 +109,9 @@ def placeholder_warning(stats: DatasetStats) -> str:
     )
 
 
+WHOLE_TEXT = 1 << 30  # cutoff_len of a whole-record encode (`lmstack check`, and pt texts on packed rows)
+
+
 def truncation_warning(stats: DatasetStats, cutoff_len: int) -> str:
     """A warning, not a note: rows cut to cutoff_len lose the answer's end (LF truncates silently,
     and a small cutoff_len can leave one trained token a row)."""
@@ -120,15 +123,20 @@ def truncation_warning(stats: DatasetStats, cutoff_len: int) -> str:
 
 
 def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
+    # texts encoded whole (pt on packed rows): nothing is cut here, the cutoff_len pieces come later
+    cut = (
+        "texts kept whole (split into cutoff_len pieces next)"
+        if cutoff_len >= WHOLE_TEXT
+        else f"{stats.truncated} truncated to cutoff_len={cutoff_len}"
+    )
     logger.info(
-        "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d%s",
+        "dataset %s: %d records, %d kept, %d dropped (%s), %s%s",
         stats.name,
         stats.records,
         stats.kept,
         sum(stats.dropped.values()),
         format_dropped(stats),
-        stats.truncated,
-        cutoff_len,
+        cut,
         format_fields_cut(stats),
     )
     if stats.truncated:

@@ -31,6 +31,7 @@ from lmstack.data.mm_av import av_stats, format_av
 from lmstack.data.pipeline import check_data_args, encode_records, load_one, read_limited
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.stats import (
+    WHOLE_TEXT,
     DatasetStats,
     check_ranking,
     encode_options,
@@ -42,7 +43,6 @@ from lmstack.data.stats import (
 )
 from lmstack.data.tokenized import TokenizedDataset
 
-WHOLE_TEXT = 1 << 30  # cutoff_len of a whole-record encode; train/pt.py encodes its texts with the same
 MAX_PRINTED_PROBLEMS = 50
 
 

@@ -88,11 +88,14 @@ def _evaluation(plan: RunPlan) -> None:
 
 
 def _deepspeed_device(plan: RunPlan) -> None:
-    # DeepSpeed's engine needs a CUDA GPU; on a CPU-only machine it fails inside from_pretrained
+    # DeepSpeed's engine needs a CUDA GPU; on a CPU-only machine it fails inside from_pretrained (and
+    # `pip install deepspeed` there only moves the crash into mpi4py), so the advice is to drop it here
     if plan.deepspeed is not None and plan.device != "cuda":
         raise ConfigError(
             f"deepspeed: {plan.deepspeed.ref} needs a CUDA GPU and this machine has none (device "
-            f"{plan.device}); remove deepspeed to train on {plan.device}, or run on a machine with a GPU"
+            f"{plan.device}); remove the deepspeed line to train on {plan.device} without "
+            "ZeRO, or run the YAML as it is on a machine with an NVIDIA GPU (installing deepspeed here does "
+            "not help: DeepSpeed trains on GPUs only)"
         )
 
 
