@@ -52,7 +52,9 @@ def chat_loop(
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from lmstack.infer.engine import ChatSession, load_infer_config
+    from lmstack.infer.engine import ChatSession, keep_unused_out, load_infer_config
+
+    keep_unused_out(args.config, args.overrides)  # before transformers is imported
     from lmstack.infer.engines import load_engine
     from lmstack.infer.vision import session_for
 
