@@ -162,6 +162,12 @@ class DataArgs(Section):
     streaming: bool = Field(
         False, description="Tokenize lazily while training instead of up front (needs max_steps > 0)."
     )
+    strict: bool = Field(
+        False,
+        description="lmstack's: refuse the run (exit 2, before the model loads) when any record is dropped "
+        "(a bad JSON line, a missing field, ...), as `lmstack check --strict` fails; `lmstack train CFG "
+        "--strict` sets it.",
+    )
     buffer_size: int = Field(16384, gt=0, description="Streaming: records in the shuffle buffer.")
     tokenized_path: str | None = Field(
         None,

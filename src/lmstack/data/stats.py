@@ -74,6 +74,24 @@ def format_problem(p: dict) -> str:
     return f"{where}: {p['reason']}"
 
 
+def strict_refusal(all_stats: list[DatasetStats]) -> DataError | None:
+    """`strict: true` (`lmstack train --strict`): any dropped record refuses the run, every one listed
+    (as `lmstack check --strict` fails on any problem); None when nothing was dropped."""
+    problems = [p for s in all_stats for p in s.problems]
+    if not problems:
+        return None
+    shown = problems[:MAX_LOGGED_PROBLEMS]
+    more = (
+        f"\n  ... and {len(problems) - len(shown)} more (all listed by `lmstack check`)"
+        if len(problems) > len(shown)
+        else ""
+    )
+    return DataError(
+        f"strict: {len(problems)} record(s) would be dropped from the data; fix them (or leave out --strict / "
+        "strict: true to train on the rest):\n" + "\n".join(f"  {format_problem(p)}" for p in shown) + more
+    )
+
+
 def format_dropped(stats: DatasetStats) -> str:
     return ", ".join(f"{n} x {kind}" for kind, n in stats.dropped.most_common()) or "none"
 
