@@ -326,7 +326,9 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
     and the run plan in lmstack_config.yaml / run_manifest.json."""
     cfg = plan.cfg
     from lmstack.models.adapter_save import save_model
+    from lmstack.reliability.outputs_record import output_files, record_outputs
 
+    before = output_files(cfg.training.output_dir)  # what the save writes is recorded against this
     save_model(trainer)  # a LoRA adapter is checked on disk: an empty one is an error
     trainer.save_state()
     metrics = dict(train_result.metrics)
@@ -354,3 +356,4 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
                 cfg.training.output_dir, ["loss", "eval_loss", "eval_accuracy", *plot_keys]
             ):
                 logger.info("wrote %s", path)
+        record_outputs(cfg.training.output_dir, before)  # an overwriting run removes exactly these
