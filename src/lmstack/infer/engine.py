@@ -144,7 +144,9 @@ def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
         if not cfg.model.resize_vocab:
             raise ConfigError(
                 f"the tokenizer has {len(tokenizer)} tokens (after template {template.name!r} added its stop "
-                f"words) but the model's embedding has {rows} rows; set resize_vocab: true as in training"
+                f"words) but the model's embedding has {rows} rows: the template is not the one this model "
+                "was trained with (set that one; `lmstack check` on the training YAML names the tokenizer's "
+                "own), or training added the tokens with resize_vocab: true (set it here too)"
             )
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
     model.to(device)

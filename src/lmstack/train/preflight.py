@@ -28,6 +28,29 @@ def _template(plan: RunPlan) -> None:
         get_template(plan.cfg.data.template)
 
 
+def _template_tokens(plan: RunPlan) -> None:
+    """A template that would add its turn tokens to the tokenizer is another family's (llama3 on a Qwen
+    tokenizer): refused, naming the template the tokenizer's own chat template matches. resize_vocab:
+    true says the new tokens are meant (their embeddings are trained from random)."""
+    from lmstack.models.load import check_model_path, load_tokenizer
+    from lmstack.plan.model_config import config_json
+    from lmstack.templates import get_template
+    from lmstack.templates.match import mismatch
+
+    cfg = plan.cfg
+    if not cfg.data.template or cfg.model.resize_vocab:
+        return
+    try:
+        check_model_path(cfg)  # a missing model or tokenizer is the model check's to report
+        template = get_template(cfg.data.template)  # an unknown name is the template check's
+    except LmstackError:
+        return
+    family = str((config_json(cfg) or {}).get("model_type", ""))
+    problem = mismatch(load_tokenizer(cfg), template, cfg.model.model_name_or_path, family)
+    if problem:
+        raise ConfigError(problem)
+
+
 def _datasets(plan: RunPlan) -> None:
     from lmstack.data.pipeline import check_data_args
     from lmstack.data.registry import get_dataset_attrs
@@ -121,6 +144,7 @@ CHECKS: list[Callable[[RunPlan], None]] = [
     _output_dir,
     _model,
     _template,
+    _template_tokens,
     _datasets,
     _adapters,
     _methods,
