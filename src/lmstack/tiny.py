@@ -126,7 +126,9 @@ def build_tiny_model(
 VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava", "qwen2_audio")
 _QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # the special tokens each family's processor writes for an image (Qwen-VL: start, pads, end)
-VISION_TOKENS = {family: _QWEN_VL_TOKENS for family in VISION_FAMILIES if family.startswith("qwen") and "vl" in family}
+VISION_TOKENS = {
+    family: _QWEN_VL_TOKENS for family in VISION_FAMILIES if family.startswith("qwen") and "vl" in family
+}
 VISION_TOKENS["llava"] = ["<image>"]
 VISION_TOKENS["qwen2_audio"] = ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
 TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)

@@ -28,7 +28,9 @@ def cmd_api(args: argparse.Namespace) -> int:
     from lmstack.config.extras import require
 
     require("serve", "lmstack api")  # fastapi + uvicorn, before the model loads
-    from lmstack.infer.engine import adapter_dirs, load_infer_config
+    from lmstack.infer.engine import adapter_dirs, keep_unused_out, load_infer_config
+
+    keep_unused_out(args.config, args.overrides)  # before transformers is imported
     from lmstack.infer.engines import check_backend, load_engine
     from lmstack.infer.limits import Limits, check_bind
     from lmstack.infer.server import serve

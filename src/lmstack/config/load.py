@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import typing
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -239,14 +240,51 @@ def _yaml_bools_to_words(section: str, values: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+_BOUNDS = (("gt", "greater than"), ("ge", "at least"), ("lt", "less than"), ("le", "at most"))
+_KINDS = {int: "an integer", float: "a number", str: "a text"}
+
+
+def _form(arg: Any) -> list[str]:
+    """The values one member of a field's type allows, in words (`an integer greater than 0`, `auto`)."""
+    if typing.get_origin(arg) is typing.Literal:
+        return [str(v) for v in typing.get_args(arg)]
+    if arg is bool:
+        return ["true", "false"]
+    if arg is type(None):
+        return []
+    meta: list = []
+    if typing.get_origin(arg) is typing.Annotated:
+        arg, *extra = typing.get_args(arg)
+        meta = [m for item in extra for m in getattr(item, "metadata", [item])]
+    bounds = [f"{word} {getattr(m, key)}" for m in meta for key, word in _BOUNDS if hasattr(m, key)]
+    kind = _KINDS.get(arg, getattr(arg, "__name__", str(arg)))
+    return [" ".join([kind, *bounds])]
+
+
+def _union_line(section: str, field: str, got: Any) -> str:
+    """One line for a value no member of a union accepts: pydantic's own text has one error per member
+    (`Input should be greater than 0` and `Input should be 'auto'`), each wrong on its own."""
+    annotation = SECTIONS[section].model_fields[field].annotation
+    forms = [f for arg in typing.get_args(annotation) or (annotation,) for f in _form(arg)]
+    return f"{field}: got {short(got)}; allowed: {' | '.join(forms)}"
+
+
 def _explain(section: str, err: ValidationError) -> list[str]:
-    lines = []
-    for e in err.errors():
+    lines: list[str] = []
+    errors = err.errors()
+    members = Counter(str(e["loc"][0]) for e in errors if len(e["loc"]) > 1)  # union members per field
+    said: set[str] = set()
+    for e in errors:
         msg = e["msg"].removeprefix("Value error, ")
         if not e["loc"]:  # a rule across fields: the message names them
             lines.append(msg)
             continue
         field = str(e["loc"][0])
+        if members[field] > 1 and field in SECTIONS[section].model_fields:
+            if field not in said:
+                said.add(field)
+                lines.append(_union_line(section, field, e.get("input")))
+            continue
         if e["type"] == "missing":
             lines.append(f"{field}: required field is missing; add `{field}: ...` to the YAML")
             continue

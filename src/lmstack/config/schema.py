@@ -162,6 +162,12 @@ class DataArgs(Section):
     streaming: bool = Field(
         False, description="Tokenize lazily while training instead of up front (needs max_steps > 0)."
     )
+    strict: bool = Field(
+        False,
+        description="lmstack's: refuse the run (exit 2, before the model loads) when any record is dropped "
+        "(a bad JSON line, a missing field, ...), as `lmstack check --strict` fails; `lmstack train CFG "
+        "--strict` sets it.",
+    )
     buffer_size: int = Field(16384, gt=0, description="Streaming: records in the shuffle buffer.")
     tokenized_path: str | None = Field(
         None,
@@ -198,10 +204,12 @@ class DataArgs(Section):
         32 * 32, gt=0, description="Vision models: smaller images are upscaled to at least this many pixels."
     )
     image_do_pan_and_scan: bool = Field(
-        False, description="Gemma 3's pan-and-scan crops of an image (no lmstack family has them: true is refused)."
+        False,
+        description="Gemma 3's pan-and-scan crops of an image (no lmstack family has them: true is refused).",
     )
     crop_to_patches: bool = Field(
-        False, description="InternVL's tiling of an image into patches (no lmstack family has it: true is refused)."
+        False,
+        description="InternVL's tiling of an image into patches (no lmstack family has it: true is refused).",
     )
     video_max_pixels: int = Field(
         256 * 256, gt=0, description="Video models: larger frames are downscaled to at most this many pixels."
@@ -209,7 +217,9 @@ class DataArgs(Section):
     video_min_pixels: int = Field(
         16 * 16, gt=0, description="Video models: smaller frames are upscaled to at least this many pixels."
     )
-    video_fps: float = Field(2.0, gt=0, allow_inf_nan=False, description="Video models: frames sampled per second of video.")
+    video_fps: float = Field(
+        2.0, gt=0, allow_inf_nan=False, description="Video models: frames sampled per second of video."
+    )
     video_maxlen: int = Field(128, gt=0, description="Video models: at most this many frames per video.")
     audio_sampling_rate: int = Field(
         16000, gt=0, description="Audio models: audio is resampled to this rate (Hz) before its features."

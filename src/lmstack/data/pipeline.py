@@ -39,6 +39,7 @@ from lmstack.data.stats import (
     log_stats,
     no_valid_samples,
     placeholders_in,
+    strict_refusal,
 )
 from lmstack.data.tokenized import TokenizedDataset
 
@@ -276,6 +277,11 @@ def check_data_args(cfg: Config) -> None:
             "max_steps: streaming: true needs max_steps > 0 (a stream has no length, so the number of "
             "epochs cannot be turned into steps); set max_steps"
         )
+    if d.streaming and d.strict:
+        raise ConfigError(
+            "strict: not available with streaming: true (records are read while training, so a dropped "
+            "one cannot refuse the run up front); run `lmstack check --strict` on the data instead"
+        )
     if d.eval_dataset and d.val_size > 0:
         raise ConfigError("val_size and eval_dataset: set only one of them")
     if d.interleave_probs is not None and d.mix_strategy == "concat":
@@ -322,6 +328,9 @@ def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:
         evals = evals if len(evals) else None
     else:
         train, evals = split_validation(train, cfg.data.val_size, cfg.training.seed)
+    refusal = strict_refusal(stats) if cfg.data.strict else None
+    if refusal is not None:
+        raise refusal
     logger.info(
         "training data: %d samples, %d trainable tokens%s",
         len(train),

@@ -80,6 +80,24 @@ def format_problem(p: dict) -> str:
     return f"{where}: {p['reason']}"
 
 
+def strict_refusal(all_stats: list[DatasetStats]) -> DataError | None:
+    """`strict: true` (`lmstack train --strict`): any dropped record refuses the run, every one listed
+    (as `lmstack check --strict` fails on any problem); None when nothing was dropped."""
+    problems = [p for s in all_stats for p in s.problems]
+    if not problems:
+        return None
+    shown = problems[:MAX_LOGGED_PROBLEMS]
+    more = (
+        f"\n  ... and {len(problems) - len(shown)} more (all listed by `lmstack check`)"
+        if len(problems) > len(shown)
+        else ""
+    )
+    return DataError(
+        f"strict: {len(problems)} record(s) would be dropped from the data; fix them (or leave out --strict / "
+        "strict: true to train on the rest):\n" + "\n".join(f"  {format_problem(p)}" for p in shown) + more
+    )
+
+
 def format_dropped(stats: DatasetStats) -> str:
     return ", ".join(f"{n} x {kind}" for kind, n in stats.dropped.most_common()) or "none"
 
@@ -113,6 +131,9 @@ def placeholder_warning(stats: DatasetStats) -> str:
         "learn the braces as written. Replace them before training (LLaMA-Factory's identity.json "
         "ships {{name}} and {{author}}: sed -i 's/{{name}}/MyModel/g; s/{{author}}/MyTeam/g' FILE)"
     )
+
+
+WHOLE_TEXT = 1 << 30  # cutoff_len of a whole-record encode (`lmstack check`, and pt texts on packed rows)
 
 
 # C0 controls but tab/newline/carriage return, and DEL: invisible in a terminal (ESC even rewrites it)
@@ -152,15 +173,20 @@ def truncation_warning(stats: DatasetStats, cutoff_len: int) -> str:
 
 
 def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
+    # texts encoded whole (pt on packed rows): nothing is cut here, the cutoff_len pieces come later
+    cut = (
+        "texts kept whole (split into cutoff_len pieces next)"
+        if cutoff_len >= WHOLE_TEXT
+        else f"{stats.truncated} truncated to cutoff_len={cutoff_len}"
+    )
     logger.info(
-        "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d%s",
+        "dataset %s: %d records, %d kept, %d dropped (%s), %s%s",
         stats.name,
         stats.records,
         stats.kept,
         sum(stats.dropped.values()),
         format_dropped(stats),
-        stats.truncated,
-        cutoff_len,
+        cut,
         format_fields_cut(stats),
     )
     if stats.truncated:

@@ -32,6 +32,7 @@ from lmstack.data.pipeline import check_data_args, encode_records, load_one, rea
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.stats import (
     CONTROL,
+    WHOLE_TEXT,
     DatasetStats,
     check_ranking,
     control_warning,
@@ -44,7 +45,6 @@ from lmstack.data.stats import (
 )
 from lmstack.data.tokenized import TokenizedDataset
 
-WHOLE_TEXT = 1 << 30  # cutoff_len of a whole-record encode; train/pt.py encodes its texts with the same
 MAX_PRINTED_PROBLEMS = 50
 
 

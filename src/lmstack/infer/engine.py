@@ -29,14 +29,30 @@ from lmstack.infer.trained import NO_OUTPUT_DIR, resolve_trained_model
 logger = logging.getLogger(__name__)
 
 
-def load_infer_config(path: str | Path | None, overrides: list[str] | dict | None = None) -> Config:
-    """The same YAML as `lmstack train`, for chat/api/export: with adapter_name_or_path unset, what
-    training wrote to `output_dir` is used (`resolve_trained_model`); `output_dir` may be left out."""
+def _infer_config(path: str | Path | None, overrides: list[str] | dict | None) -> Config:
     flat = load_yaml(path) if path is not None else {}
     flat.update(overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or [])))
     if flat.get("output_dir") in (None, ""):
         flat["output_dir"] = NO_OUTPUT_DIR
-    return resolve_trained_model(build_config(flat))
+    return build_config(flat)
+
+
+def load_infer_config(path: str | Path | None, overrides: list[str] | dict | None = None) -> Config:
+    """The same YAML as `lmstack train`, for chat/api/export: with adapter_name_or_path unset, what
+    training wrote to `output_dir` is used (`resolve_trained_model`); `output_dir` may be left out."""
+    return resolve_trained_model(_infer_config(path, overrides))
+
+
+def keep_unused_out(path: str | Path | None, overrides: list[str] | dict | None = None) -> list[str]:
+    """`lmstack chat/api/export` (a process of the command's own): the installed packages the config's
+    inference never reaches are kept out of the process (launch/keep_out.py). Returns them."""
+    from lmstack.launch.context import LaunchContext
+    from lmstack.launch.keep_out import keep_out
+    from lmstack.plan.decide_host import inference_kept_out
+
+    return keep_out(
+        inference_kept_out(_infer_config(path, overrides), LaunchContext.from_env(probe_cuda=False))
+    )
 
 
 def adapter_dirs(cfg: Config) -> list[str]:
@@ -156,7 +172,9 @@ def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
         if not cfg.model.resize_vocab:
             raise ConfigError(
                 f"the tokenizer has {len(tokenizer)} tokens (after template {template.name!r} added its stop "
-                f"words) but the model's embedding has {rows} rows; set resize_vocab: true as in training"
+                f"words) but the model's embedding has {rows} rows: the template is not the one this model "
+                "was trained with (set that one; `lmstack check` on the training YAML names the tokenizer's "
+                "own), or training added the tokens with resize_vocab: true (set it here too)"
             )
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
     model.to(device)

@@ -28,6 +28,7 @@ from lmstack.infer.engine import (
     load_infer_config,
     stop_token_ids,
 )
+from lmstack.models.adapter_save import follow_umask
 
 logger = logging.getLogger(__name__)
 VALUE_HEAD_FILES = ("value_head.safetensors", "value_head.bin")
@@ -87,6 +88,7 @@ def write_export(cfg: Config, model: Any, tokenizer: Any, template: Any, out: Pa
     model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out, max_shard_size=int(cfg.export.export_size * 10**9))
+    follow_umask(out)  # safetensors writes its files 0600; the umask decides, as for every other file
     if isinstance(template, Template):
         tokenizer.chat_template = to_jinja(template)
         (out / "Modelfile").write_text(ollama_modelfile(template, tokenizer, stops), encoding="utf-8")

@@ -216,8 +216,8 @@ def load_model(spec: ModelLoadSpec, tokenizer: Any) -> Any:
         logger.info("resized the vocabulary to %d", len(tokenizer))
     elif rows < len(tokenizer):
         raise ConfigError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; "
-            "set resize_vocab: true"
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; set "
+            "resize_vocab: true to train embeddings for the tokens the template added (they start random)"
         )
     logger.info(
         "loaded %s (%s, attention %s)", spec.path, DTYPES[spec.load_dtype], model.config._attn_implementation

@@ -5,8 +5,10 @@ Where output_dir may be (never on a model, an adapter or the data; writable): pa
 `prepare(plan)` (every stage's first step) returns the checkpoint to resume from, or None:
 - no resume_from_checkpoint: output_dir must be empty (`lmstack check`'s data_report.json aside)
   unless overwrite_output_dir, which deletes only what lmstack wrote: checkpoint-N folders with an
-  lmstack manifest, the folders of killed saves, the OWN_OUTPUTS files. Anything else (a user file,
-  checkpoint-best-by-hand, a checkpoint-N without a manifest) is left there and named in the log.
+  lmstack manifest, the folders of killed saves, the OWN_OUTPUTS files and the files an earlier final
+  save recorded writing (outputs_record.py: the adapter or model, tokenizer files, README.md, ...), still
+  as written; the log lists what was removed. Anything else (a user file, checkpoint-best-by-hand, a
+  checkpoint-N without a manifest, a recorded file changed since) is left there and named in the log.
 - `auto`: the newest checkpoint whose manifest verifies. Without one, the run starts fresh only when
   output_dir holds nothing but lmstack's own run files (a run killed before its first save); another
   run's files (adapter_model.safetensors, README.md, ...) are refused as without `auto`, unless
@@ -67,6 +69,7 @@ from lmstack.reliability.checkpoint import (
     verify_checkpoint,
 )
 from lmstack.reliability.manifest import identity_hash, run_identity
+from lmstack.reliability.outputs_record import OUTPUTS_RECORD, recorded_outputs
 
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "lmstack_config.yaml"
@@ -92,6 +95,7 @@ OWN_OUTPUTS = (
     final_outputs.FINAL,
     final_outputs.PENDING,
     CONFIG_FILE,
+    OUTPUTS_RECORD,
 )
 SAFE_TO_CHANGE = frozenset(
     """logging_steps save_strategy save_steps save_total_limit save_only_model eval_strategy eval_steps
@@ -143,20 +147,29 @@ def _not_empty(out: Path, found: list[Path], auto: bool) -> ConfigError:
 
 
 def _delete_own(out: Path) -> None:
-    """overwrite_output_dir: delete what lmstack wrote (its manifests know it); name what is left."""
-    kept = []
+    """overwrite_output_dir: delete what lmstack wrote (its manifests and the record of its final save
+    know it: outputs_record.py), say what was removed, and name what is left."""
+    kept, removed, recorded = [], [], recorded_outputs(out)
     for path in sorted(out.iterdir()):
         if is_staging(path):
             shutil.rmtree(path, ignore_errors=True)
         elif _lmstack_checkpoint(path):
             delete_checkpoint(path)
-        elif path.is_file() and path.name in OWN_OUTPUTS:
+            removed.append(path.name)
+        elif path.is_file() and (path.name in OWN_OUTPUTS or path.name in recorded):
             path.unlink(missing_ok=True)
+            removed.append(path.name)
         elif path.name != REPORT_FILE:
             kept.append(path.name)
+    if removed:
+        logger.info(
+            "overwrite_output_dir: removed from %s what an earlier lmstack run wrote there: %s",
+            out,
+            ", ".join(removed),
+        )
     if kept:
         logger.warning(
-            "overwrite_output_dir: left in %s what no lmstack manifest lists: %s (the final save replaces "
+            "overwrite_output_dir: left in %s what no lmstack manifest or record lists: %s (the final save replaces "
             "files of the same name)",
             out,
             ", ".join(kept),

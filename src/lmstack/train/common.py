@@ -332,8 +332,10 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
     cfg = plan.cfg
     from lmstack.models.adapter_save import save_model
     from lmstack.reliability import final_outputs
+    from lmstack.reliability.outputs_record import output_files, record_outputs
 
     out = Path(cfg.training.output_dir)
+    before = output_files(cfg.training.output_dir)  # what the save writes is recorded against this
     if trainer.is_world_process_zero():
         final_outputs.begin(out)  # until complete(): readers see the outputs as unfinished
     save_model(trainer)  # a LoRA adapter is checked on disk: an empty one is an error
@@ -363,4 +365,5 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
                 cfg.training.output_dir, ["loss", "eval_loss", "eval_accuracy", *plot_keys]
             ):
                 logger.info("wrote %s", path)
+        record_outputs(cfg.training.output_dir, before)  # an overwriting run removes exactly these
         final_outputs.complete(out)  # last: every final file is whole
