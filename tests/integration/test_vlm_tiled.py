@@ -144,3 +144,34 @@ def test_full_finetuning_trains_the_parts_lfs_freeze_keys_leave(
     after = load_file(Path(cfg["output_dir"]) / "model.safetensors")
     for part in ("language_model", "vision_tower", "multi_modal_projector"):
         assert _changed(before, after, part) is (part in trained), part
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_planned_chunked_cross_entropy_equals_the_models_own_loss(family, tiny, lf_data, base_cfg):
+    """The run plan's chunked linear CE replaces these models' training forward too: the same loss,
+    the crops / tiles (and Gemma 3's token types) going through the decoder."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from lmstack.config.load import build_config
+    from lmstack.data.mm import media_spec
+    from lmstack.data.mm_collate import MediaCollator
+    from lmstack.data.pipeline import build_datasets
+    from lmstack.models.kernels import apply_fused_ce
+    from lmstack.models.load import load_tokenizer
+    from lmstack.models.vision import load_image_processor
+    from lmstack.templates import get_template
+
+    cfg = build_config(run_cfg(base_cfg, tiny[family], family, lf_data))
+    tok = load_tokenizer(cfg)
+    data = build_datasets(cfg, tok, get_template(cfg.data.template, tok)).train
+    spec = media_spec(cfg)
+    image_id = tok.convert_tokens_to_ids(spec.tokens[1])
+    batch = MediaCollator(tok.pad_token_id, spec, load_image_processor(cfg), image_id)([data[0], data[1]])
+    model = AutoModelForImageTextToText.from_pretrained(tiny[family]).train()
+    own = model(**batch).loss
+    assert apply_fused_ce(model)
+    chunked = model(**batch).loss
+    torch.testing.assert_close(chunked, own, rtol=1e-5, atol=1e-5)
+    other = dict(batch, pixel_values=torch.zeros_like(batch["pixel_values"]))
+    assert not torch.allclose(model(**other).loss, chunked)  # the pixels are read

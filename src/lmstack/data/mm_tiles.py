@@ -17,6 +17,7 @@ them. data/mm.py owns the common rules (placeholders, LF's resize, paths); this 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 TILED_PLUGINS = frozenset({"gemma3", "intern_vl"})
@@ -46,18 +47,29 @@ def tile_spec(path: str, config: dict, data: Any, plugin: str) -> dict:
     settings = {k: getattr(proc, k) for k in lf if getattr(proc, k, None) is not None}  # None: unset
     if getattr(data, field):
         settings.update(lf)
-    if plugin == "gemma3":
-        seqlen = config.get("mm_tokens_per_image", 256)
-    else:
-        vision = config.get("vision_config") or {}
-        side = _side(vision.get("image_size", 448)) // _side(vision.get("patch_size", 14))
-        seqlen = int(side * side * config.get("downsample_ratio", 0.5) ** 2)
     return dict(
         plugin=plugin,
-        image_seqlen=seqlen,
+        image_seqlen=_seqlen(path, config, plugin),
         image_size=dict(proc.size)["height"],
         tiling=tuple(sorted(settings.items())),
     )
+
+
+def _seqlen(path: str, config: dict, plugin: str) -> int:
+    """Image tokens per block: the processor's image_seq_length (processor_config.json; LF's plugins read
+    the processor's), else the model's own count (Gemma 3's mm_tokens_per_image; InternVL's patches per
+    tile after its pixel shuffle)."""
+    import json
+
+    file = Path(path) / "processor_config.json"
+    saved = json.loads(file.read_text()).get("image_seq_length") if file.is_file() else None
+    if saved:
+        return int(saved)
+    if plugin == "gemma3":
+        return int(config.get("mm_tokens_per_image", 256))
+    vision = config.get("vision_config") or {}
+    side = _side(vision.get("image_size", 448)) // _side(vision.get("patch_size", 14))
+    return int(side * side * config.get("downsample_ratio", 0.5) ** 2)
 
 
 def _side(value: Any) -> int:

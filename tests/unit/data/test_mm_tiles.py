@@ -132,3 +132,76 @@ def test_a_wrong_template_names_the_family_template(tiled, base_cfg, tmp_path):
         match="template: 'gemma' has no image support for this gemma3 model .* use template: gemma3",
     ):
         build_datasets(cfg, proc.tokenizer, get_template("gemma", proc.tokenizer))
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_tiny_model_command_builds_the_family_and_the_planner_counts_it_whole(family, tmp_path):
+    """`lmstack tiny-model DIR --vision gemma3|internvl`: the real classes, loaded offline; the planner's
+    model spec counts every parameter (vision tower too) and reads the language model's dims."""
+    from transformers import AutoModelForImageTextToText
+
+    from lmstack.cli.main import main
+    from lmstack.memory.model_spec import ModelSpec
+
+    data = Path(__file__).resolve().parents[3] / "data"
+    assert main(["tiny-model", str(tmp_path / "m"), "--vision", family, "--data-dir", str(data)]) == 0
+    model = AutoModelForImageTextToText.from_pretrained(tmp_path / "m")
+    names = {"gemma3": "Gemma3ForConditionalGeneration", "internvl": "InternVLForConditionalGeneration"}
+    assert type(model).__name__ == names[family]
+    spec = ModelSpec.from_pretrained_dir(tmp_path / "m")
+    assert spec.num_params == sum(p.numel() for p in model.parameters())
+    assert spec.num_layers == 2 and spec.hidden_size == 128
+
+
+# the checkpoints' processor files (google/gemma-3-4b-it, OpenGVLab/InternVL3-1B-hf): the torchvision
+# image processors' names, 896-pixel images / 448-pixel tiles, 256 tokens per image / tile
+REAL_FILES = {
+    "gemma3": (
+        {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 896, "width": 896},
+         "do_pan_and_scan": None, "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "resample": 2},
+        {"processor_class": "Gemma3Processor", "image_seq_length": 256},
+    ),
+    "internvl": (
+        {"image_processor_type": "GotOcr2ImageProcessorFast", "size": {"height": 448, "width": 448},
+         "crop_to_patches": False, "min_patches": 1, "max_patches": 12, "resample": 3,
+         "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]},
+        {"processor_class": "InternVLProcessor", "image_seq_length": 256},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_real_checkpoints_processor_files_load_without_torchvision_and_count_its_tokens(
+    family, tiled, tmp_path
+):
+    """Without torchvision transformers loads the PIL twin of the named image processor; with LF's
+    option on, a 640 x 480 photo is 1 + 2 pan-and-scan crops of 256 tokens (Gemma 3: 320-pixel crops)
+    or a 4 x 3 grid of tiles + a thumbnail of 256 tokens each (InternVL), as the processor cuts it."""
+    import json
+    import shutil
+
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    from lmstack.config.load import build_config
+    from lmstack.data.mm import image_seqlen
+
+    folder = tmp_path / family
+    folder.mkdir()
+    shutil.copyfile(tiled[family] / "config.json", folder / "config.json")
+    image_file, processor_file = REAL_FILES[family]
+    (folder / "preprocessor_config.json").write_text(json.dumps(image_file))
+    (folder / "processor_config.json").write_text(json.dumps(processor_file))
+    cfg = build_config(
+        {"model_name_or_path": str(folder), "output_dir": str(tmp_path / "o"), FAMILIES[family]: True}
+    )
+    spec = media_spec(cfg)
+    proc = AutoImageProcessor.from_pretrained(folder)
+    assert (
+        type(proc).__name__
+        == {"gemma3": "Gemma3ImageProcessorPil", "internvl": "GotOcr2ImageProcessorPil"}[family]
+    )
+    blocks = {"gemma3": 3, "internvl": 13}[family]
+    assert image_seqlen(640, 480, spec) == 256 * blocks
+    out = proc(images=[Image.new("RGB", (640, 480))], **dict(spec.tiling))
+    assert len(out["pixel_values"]) == blocks
