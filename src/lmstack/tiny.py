@@ -402,6 +402,10 @@ def build_tiny_vision_model(
         model = Qwen2AudioForConditionalGeneration._from_config(config, dtype=torch.float32)
     else:
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    if family in ("gemma3", "internvl"):
+        from lmstack.tiny_vision import finish_model
+
+        finish_model(model)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)

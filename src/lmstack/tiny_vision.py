@@ -131,3 +131,15 @@ def internvl_parts(tokenizer, text_dims: dict):
     )
     processor = {"processor_class": "InternVLProcessor", "image_seq_length": TINY_IMAGE_TOKENS}
     return config, image_processor, processor
+
+
+def finish_model(model) -> None:
+    """Gemma 3 initializes its projection to zeros (a checkpoint brings trained weights): random here,
+    so the tiny model's image tokens depend on the pixels."""
+    import torch
+
+    projector = model.model.multi_modal_projector
+    if hasattr(projector, "mm_input_projection_weight"):
+        std = model.config.initializer_range
+        with torch.no_grad():
+            projector.mm_input_projection_weight.normal_(0.0, std)

@@ -72,6 +72,11 @@ SUPPORTED = (
 )
 AUDIO_SUPPORTED = "qwen2_audio (template qwen2_audio)"
 VIDEO_SUPPORTED = "qwen2_vl, qwen2_5_vl (template qwen2_vl)"
+NO_VIDEO_WHY = {  # why an image family lmstack trains reads no videos
+    "gemma3": "Gemma 3 has no video input",
+    "internvl": "InternVL's video path is not built: transformers' InternVLVideoProcessor needs torchvision",
+    "qwen3_vl": "Qwen3-VL's videos (16-pixel patches, frame timestamps in the text) are not built",
+}
 # LF's image options of one family: field -> (the family, what it does, the mm_plugin that reads it)
 FAMILY_IMAGE_OPTIONS = {
     "image_do_pan_and_scan": ("Gemma 3", "pan-and-scan crops of large images", "gemma3"),
@@ -156,7 +161,7 @@ def media_spec(cfg: Any) -> MediaSpec | None:
 
     return MediaSpec(
         MODEL_PLUGINS[kind],
-        # Qwen3-VL's videos (16-pixel patches, frame timestamps in the text) are not built: images only
+        # Qwen3-VL's videos are not built (NO_VIDEO_WHY): images only
         video=video_spec(str(path), d, kind) if MODEL_PLUGINS[kind] == "qwen2_vl" else None,
         patch_size=proc.patch_size,
         merge_size=proc.merge_size,
@@ -234,8 +239,9 @@ def check_media_datasets(
         if sets and not ok:
             raise DataError(
                 f"dataset {', '.join(sets)} has {noun} input, but {cfg.model.model_name_or_path} is a "
-                f"{spec.model_type} model, which lmstack feeds no {noun}s; {noun} input works with model "
-                f"types {supported}"
+                f"{spec.model_type} model, which lmstack feeds no {noun}s"
+                + (f" ({NO_VIDEO_WHY[spec.model_type]})" if noun == "video" and spec.model_type in NO_VIDEO_WHY else "")
+                + f"; {noun} input works with model types {supported}"
             )
     if cfg.finetuning.stage not in MEDIA_STAGES or (cfg.finetuning.stage != "sft" and (videos or audios)):
         allowed = " or ".join(MEDIA_STAGES) if not (videos or audios) else "sft"

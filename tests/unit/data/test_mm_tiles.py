@@ -118,9 +118,11 @@ def test_videos_of_gemma3_and_internvl_are_refused_by_name(tiled, base_cfg, tmp_
     entry = json.loads((tmp_path / "dataset_info.json").read_text())
     entry["mm"]["columns"]["videos"] = "videos"
     (tmp_path / "dataset_info.json").write_text(json.dumps(entry))
+    why = {"gemma3": "Gemma 3 has no video input", "internvl": "InternVLVideoProcessor needs torchvision"}
     for family in FAMILIES:
-        with pytest.raises(DataError, match=f"is a {family} model, which lmstack feeds no videos"):
+        with pytest.raises(DataError, match=f"is a {family} model, which lmstack feeds no videos") as err:
             check_data_args(vlm_cfg(base_cfg, tiled[family], family, tmp_path))
+        assert why[family] in str(err.value) and "video input works with model types qwen2_vl" in str(err.value)
 
 
 def test_a_wrong_template_names_the_family_template(tiled, base_cfg, tmp_path):
