@@ -35,6 +35,7 @@ from typing import Any
 from lmstack.config.errors import ConfigError, DataError
 from lmstack.data.encode_common import DropExample
 from lmstack.data.formats import RecordError
+from lmstack.data.mm_tiles import TILED_PLUGINS, image_text
 from lmstack.memory import model_facts
 
 logger = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ def media_spec(cfg: Any) -> MediaSpec | None:
         extra = 1 if config.get("vision_feature_select_strategy", "default") == "full" else 0
         seqlen = (size // patch) ** 2 + extra
         return MediaSpec("llava", patch_size=patch, image_seqlen=seqlen, image_size=size, **common)
-    if MODEL_PLUGINS[kind] in ("gemma3", "intern_vl"):
+    if MODEL_PLUGINS[kind] in TILED_PLUGINS:
         from lmstack.data.mm_tiles import tile_spec
 
         return MediaSpec(**tile_spec(str(path), config, d, MODEL_PLUGINS[kind]), **common)
@@ -336,7 +337,7 @@ def regularize(image: Any, spec: MediaSpec) -> Any:
 
 def model_input_size(width: int, height: int, spec: MediaSpec) -> tuple[int, int]:
     """(width, height) the vision tower sees: the processor's resize of a regularized image."""
-    if spec.plugin in ("llava", "gemma3", "intern_vl"):  # one square (a tile of it: mm_tiles.py)
+    if spec.plugin == "llava" or spec.plugin in TILED_PLUGINS:  # one square (a tile of it: mm_tiles.py)
         return spec.image_size, spec.image_size
     try:  # transformers >= 5.2x: the PIL backend's module; before: the one image processor module
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
@@ -354,7 +355,7 @@ def image_seqlen(width: int, height: int, spec: MediaSpec) -> int:
     """Image tokens the processor writes for a `width` x `height` image (after regularized_size)."""
     if spec.plugin == "llava":
         return spec.image_seqlen
-    if spec.plugin in ("gemma3", "intern_vl"):
+    if spec.plugin in TILED_PLUGINS:
         from lmstack.data.mm_tiles import image_seqlen as tiled_seqlen
 
         return tiled_seqlen(width, height, spec)
@@ -404,8 +405,6 @@ def expand_example(example: dict, spec: MediaSpec) -> tuple[dict, list[str], int
 
 def expand_text(text: str, counts: list[int], spec: MediaSpec) -> str:
     """`text` with its `<image>` placeholders replaced, in order, by that many image tokens each."""
-    from lmstack.data.mm_tiles import image_text
-
     parts = text.split(IMAGE_PLACEHOLDER)
     if len(parts) - 1 != len(counts):
         raise ValueError(f"{len(parts) - 1} {IMAGE_PLACEHOLDER} placeholder(s) for {len(counts)} image(s)")
@@ -501,7 +500,7 @@ def inference_messages(messages: list[dict], images: list[Any], spec: MediaSpec)
 
 def pixel_inputs(images: list[Any], spec: MediaSpec, image_processor: Any) -> dict:
     """The model inputs of regularized PIL images (pixel_values, + image_grid_thw for the Qwen-VLs)."""
-    if images and spec.plugin in ("gemma3", "intern_vl"):
+    if images and spec.plugin in TILED_PLUGINS:
         from lmstack.data.mm_tiles import pixel_inputs as tiled_inputs
 
         return tiled_inputs(images, spec, image_processor)[0]
