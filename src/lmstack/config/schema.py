@@ -204,12 +204,10 @@ class DataArgs(Section):
         32 * 32, gt=0, description="Vision models: smaller images are upscaled to at least this many pixels."
     )
     image_do_pan_and_scan: bool = Field(
-        False,
-        description="Gemma 3's pan-and-scan crops of an image (no lmstack family has them: true is refused).",
+        False, description="Gemma 3's pan-and-scan crops of an image (other models: true is refused)."
     )
     crop_to_patches: bool = Field(
-        False,
-        description="InternVL's tiling of an image into patches (no lmstack family has it: true is refused).",
+        False, description="InternVL's tiling of an image into patches (other models: true is refused)."
     )
     video_max_pixels: int = Field(
         256 * 256, gt=0, description="Video models: larger frames are downscaled to at most this many pixels."
