@@ -29,6 +29,7 @@ from lmstack.models.load import apply_speedups, load_model
 from lmstack.plan.runplan import RunPlan
 from lmstack.train import common, rlhf
 from lmstack.train.rewards import SOLUTION_COLUMN
+from lmstack.train.rollout_engine import FastRollouts, cb_settings
 
 
 def run(plan: RunPlan) -> dict:
@@ -98,6 +99,9 @@ def rl_kwargs(plan: RunPlan) -> dict[str, Any]:
         "steps_per_generation": rl.steps_per_generation,
         "reward_weights": list(rl.reward_weights),
     }
+    if rl.rollout_engine == "continuous_batching":
+        t = plan.cfg.training
+        kwargs |= cb_settings(plan, t.per_device_train_batch_size * rl.steps_per_generation)
     if plan.stage.name == "rloo":
         kwargs["normalize_advantages"] = rl.scale_rewards == "ppo_score_norm"
     else:
@@ -149,12 +153,12 @@ class _TemplatePrompts:
         return self.processing_class(text=prompts, add_special_tokens=False)["input_ids"], None, {}
 
 
-class TemplatePromptGRPOTrainer(_TemplatePrompts, GRPOTrainer):
-    pass
+class TemplatePromptGRPOTrainer(_TemplatePrompts, FastRollouts, GRPOTrainer):
+    _returns_logprobs = True  # GRPOTrainer._generate_single_turn -> (completion_ids, logprobs)
 
 
-class TemplatePromptRLOOTrainer(_TemplatePrompts, RLOOTrainer):
-    pass
+class TemplatePromptRLOOTrainer(_TemplatePrompts, FastRollouts, RLOOTrainer):
+    _returns_logprobs = False  # RLOOTrainer._generate_single_turn -> completion_ids
 
 
 TRAINERS = {
