@@ -126,12 +126,13 @@ def reference(cfg: Config, stage: str) -> str:
 CB_MIN_TRANSFORMERS = "5.8.0"  # TRL 1.16 refuses use_transformers_continuous_batching below it
 
 
-def rollout_engine(cfg: Config, sharded: bool, vision: bool) -> tuple[str, str]:
+def rollout_engine(cfg: Config, sharded: bool, vision: bool, attention: str = "sdpa") -> tuple[str, str]:
     """How answers are sampled. Continuous batching (transformers' generate_batch: a paged KV cache,
     requests join and leave the running batch as they finish, decode steps replayed as CUDA graphs on a
     GPU) runs on the trained module itself, LoRA applied in place, no weight copy; it needs
     transformers >= 5.8, text prompts (the paged engine takes token ids only, no image features) and
-    whole weights on each process (ZeRO-3 / FSDP shards are gathered only by the plain generate path).
+    whole weights on each process (ZeRO-3 / FSDP shards are gathered only by the plain generate path)
+    and an attention it runs paged (sdpa, eager, flash; transformers refuses flex_attention).
     Else (or `rollout_engine: generate`) one padded model.generate batch, TRL's default."""
     asked = cfg.finetuning.rollout_engine
     blockers = []
@@ -139,6 +140,8 @@ def rollout_engine(cfg: Config, sharded: bool, vision: bool) -> tuple[str, str]:
         blockers.append("image prompts (the paged engine takes token ids only, no image features)")
     if sharded:
         blockers.append("sharded weights (ZeRO-3 / FSDP gather them for model.generate only)")
+    if attention == "flex_attention":
+        blockers.append("flash_attn: flex (the paged engine runs sdpa, eager or flash attention)")
     if not _transformers_at_least(CB_MIN_TRANSFORMERS):
         blockers.append(f"transformers < {CB_MIN_TRANSFORMERS} (no generate_batch)")
     if asked == "generate":
@@ -168,7 +171,9 @@ def _transformers_at_least(version: str) -> bool:
         return False
 
 
-def rl_plan(cfg: Config, spec: StageSpec, sharded: bool = False) -> tuple[RLPlan | None, str]:
+def rl_plan(
+    cfg: Config, spec: StageSpec, sharded: bool = False, attention: str = "sdpa"
+) -> tuple[RLPlan | None, str]:
     """The RL decisions of a grpo / rloo run (None for the other stages, whose fields rules.py checks)."""
     if spec.name not in RL_STAGES:
         return None, ""
@@ -184,7 +189,7 @@ def rl_plan(cfg: Config, spec: StageSpec, sharded: bool = False) -> tuple[RLPlan
     from lmstack.models.vision import vision_model_type
 
     vision = vision_model_type(cfg.model.model_name_or_path) is not None
-    engine, engine_why = rollout_engine(cfg, sharded, vision)
+    engine, engine_why = rollout_engine(cfg, sharded, vision, attention)
     rloo = spec.name == "rloo"
     plan = RLPlan(
         loss_type="rloo" if rloo else ft.loss_type,

@@ -145,3 +145,13 @@ def test_continuous_batching_decodes_with_cuda_graphs_and_matches_generate_on_gp
     trainer.use_transformers_continuous_batching = False
     plain, _ = trainer._generate_single_turn(prompt_ids, None, {}, 1)
     assert fast == plain
+
+
+def test_flex_attention_samples_with_generate_and_continuous_batching_is_refused_with_it(tmp_path):
+    # transformers' paged engine runs sdpa, eager or flash attention only
+    p = _plan("m", tmp_path, flash_attn="flex")
+    assert p.rl.rollout_engine == "generate" and "flash_attn: flex" in p.reasons["rl"]
+    with pytest.raises(
+        ConfigError, match="rollout_engine: continuous_batching does not support flash_attn: flex"
+    ):
+        _plan("m", tmp_path, flash_attn="flex", rollout_engine="continuous_batching")
