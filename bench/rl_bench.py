@@ -128,7 +128,8 @@ def child_lmstack(spec: dict) -> dict:
     common.make_callbacks = lambda cfg: make_callbacks(cfg) + [recorder]  # the real stage, plus a recorder
     train(None, lmstack_config(spec))
     manifest = json.loads((Path(spec["out"]) / "run_manifest.json").read_text())
-    return {**recorder.summary(), "plan_rl": manifest["plan"]["decisions"].get("rl")}
+    decisions = manifest["plan"]["decisions"]
+    return {**recorder.summary(), "plan_rl": decisions.get("rl"), "plan_decisions": decisions}
 
 
 def child_trl(spec: dict) -> dict:

@@ -135,7 +135,9 @@ def test_continuous_batching_decodes_with_cuda_graphs_and_matches_generate_on_gp
     model.generate's."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 both ways: the engines differ in kernels only
     plan = _plan(str(tiny_model), tmp_path)
+    assert plan.device == "cuda"
     trainer, tok = _lora_trainer(plan)
     trainer.model.to("cuda")
     prompt_ids = [tok(text=t)["input_ids"] for t in ["Hello there", "What is 2 + 3?", "7 x 6"]]
