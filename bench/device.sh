@@ -25,7 +25,7 @@
 #   stages    DPO/SFT LoRA and `auto` runs (bench/stage_bench.py)           [STAGE_RUNS]
 #   env       `lmstack env` all-reduce and the ZeRO-3 + LoRA test on NPROC GPUs
 #   rl        GRPO LoRA, lmstack vs TRL defaults (bench/rl_bench.py)          [RL_ARCHS, RL_STEPS=3]
-#   rltask    0.5B arithmetic: SFT warm start, GRPO 100 steps (bench/rl_task.py)
+#   rltask    0.5B arithmetic: SFT warm start, GRPO 100 steps (bench/rl_task.py) [RL_SFT_STEPS=60]
 #   dist      the multi-GPU matrix (bench/distributed_bench.py)             [NPROC=2, DIST_ITEMS]
 # A warm machine keeps /tmp between calls: installs, assets and plan/speed results carry over, so the
 # same command again continues where the last call stopped.
@@ -166,7 +166,7 @@ for ph in $PHASES; do
     PYTHONPATH=$LM python3 bench/rl_bench.py --assets /tmp/assets --archs "${RL_ARCHS:-qwen2.5-1.5b,qwen2.5-7b}" \
       --steps "${RL_STEPS:-3}" --budget $(($(left) - 10)) --run-id "$RID" 2>&1 | grep '^LINE\|Error' | cut -c1-400 ;;
   rltask)  # the 0.5B arithmetic task: SFT warm start, then GRPO 100 steps, accuracy per step (bench/rl_task.py)
-    PYTHONPATH=$LM python3 bench/rl_task.py --assets /tmp/assets --budget $(($(left) - 10)) 2>&1 | tail -12 ;;
+    PYTHONPATH=$LM python3 bench/rl_task.py --assets /tmp/assets --sft-steps "${RL_SFT_STEPS:-60}" --budget $(($(left) - 10)) 2>&1 | tail -12 ;;
   env)
     PYTHONPATH=$LM timeout 60 python3 -m lmstack.cli env 2>&1 | tee "$O/env.txt" | tail -3
     LMSTACK_GPU_NPROC=${NPROC:-2} PYTHONPATH=$LM timeout 150 python3 -m pytest -q -p no:cacheprovider \

@@ -5,13 +5,15 @@ the answer format and gets some sums right; GRPO then trains 100 steps on the sa
 `reward_funcs: accuracy`, and the line records the accuracy per step (sampled at temperature 1) and its
 mean over the first and the last 10 steps.
 
-    python3 bench/rl_task.py --assets ROOT [--sft-steps 300] [--grpo-steps 100] [--budget 420]
+    python3 bench/rl_task.py --assets ROOT [--sft-steps 60] [--grpo-steps 100] [--budget 420]
         ROOT/qwen2.5-0.5b from `python3 bench/make_assets.py ROOT qwen2.5-0.5b`; the line goes to
         bench/results/rl_task.jsonl (--results) and $OUT/rl_task.jsonl; logs in WORK/{sft,grpo}.log
 
 Both stages run through `lmstack train` (the real CLI, one subprocess each): the task is one-digit
 addition, "What is a + b?" -> "\\boxed{a+b}", all 100 pairs (a held-out check is not the point here:
-the question is whether the RL signal moves the policy).
+the question is whether the RL signal moves the policy). `--sft-steps` sets how far the warm start goes:
+60 steps (about 19 passes over the 100 pairs at batch 32) is meant to leave the sampled accuracy well
+between 0 and 1; if `accuracy_first10` comes back near 1 (nothing left to learn) lower it, near 0 raise it.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--assets", required=True)
     ap.add_argument("--arch", default="qwen2.5-0.5b")
-    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--sft-steps", type=int, default=60)
     ap.add_argument("--grpo-steps", type=int, default=100)
     ap.add_argument("--work", default="/tmp/rl_task")
     ap.add_argument("--budget", type=float, default=420)
