@@ -18,6 +18,7 @@ place, so a kept engine (and its graphs) always samples from the current policy.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from typing import Any
@@ -74,16 +75,24 @@ def cb_completions(trainer: Any, prompt_ids: list[list[int]]) -> list[list[int]]
         torch.no_grad(),
     ):
         was_training = model.training
-        outputs = model.generate_batch(
-            [list(p) for p in prompt_ids],
-            generation_config=trainer.generation_config,
-            continuous_batching_config=trainer.continuous_batching_config,
-            progress_bar=False,
-            persistent_manager=True,
-        )
-        model.train(was_training)
-    if len(outputs) != len(prompt_ids) or any(o.error for o in outputs.values()):
-        errors = [o.error for o in outputs.values() if o.error]
+        # transformers' continuous_batching/utils.py logger: its every-call "the manager will be kept alive"
+        # warning says what this engine does on purpose
+        cb_logger = logging.getLogger("ContinuousBatchingLogger")
+        level = cb_logger.level
+        cb_logger.setLevel(max(level, logging.ERROR))
+        try:
+            outputs = model.generate_batch(
+                [list(p) for p in prompt_ids],
+                generation_config=trainer.generation_config,
+                continuous_batching_config=trainer.continuous_batching_config,
+                progress_bar=False,
+                persistent_manager=True,
+            )
+        finally:
+            cb_logger.setLevel(level)
+            model.train(was_training)
+    errors = [e for o in outputs.values() if (e := getattr(o, "error", None))]  # older 5.x: no error field
+    if len(outputs) != len(prompt_ids) or errors:
         raise RuntimeError(
             f"continuous-batching rollout returned {len(outputs)} of {len(prompt_ids)} answers "
             f"({errors[0] if errors else 'no error given'}); set rollout_engine: generate"
