@@ -340,9 +340,7 @@ def test_lfs_vision_example_yaml_passes_check_with_model_and_dataset_dir_swapped
     assert example.count("<|vision_start|>" + "<|image_pad|>" * 12 + "<|vision_end|>") == images // 3
 
 
-def test_lfs_oft_example_trains_the_language_model_of_the_tiny_qwen2_5_vl(
-    tiny_models, lf_data, tmp_path, monkeypatch
-):
+def test_lfs_oft_example_trains_the_language_model_of_the_tiny_qwen2_5_vl(tiny_models, lf_data, tmp_path, monkeypatch):
     """qwen2_5vl_oft_sft.yaml runs, not only checks: OFT (block size 32) on every linear layer of the
     language model, the vision tower and projector left out (LF's defaults freeze them), on LF's mixed
     image + text datasets; the adapter reloads onto the base model."""

@@ -47,8 +47,8 @@ def cb_settings(plan: Any, requests: int) -> dict[str, Any]:
 
 
 def _known_fields(wanted: dict[str, Any]) -> dict[str, Any]:
-    """The settings this transformers' ContinuousBatchingConfig has (page_size was block_size before 5.17,
-    seed arrived later): a missing one leaves transformers' own default, which sizes from free memory."""
+    """The settings this transformers' ContinuousBatchingConfig has (page_size was block_size before 5.17):
+    a setting an older version lacks keeps that version's own default."""
     from transformers.generation import ContinuousBatchingConfig
 
     names = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}

@@ -193,14 +193,15 @@ def test_image_max_and_min_pixels_resize_before_the_processor(
         sample = build_datasets(cfg, proc.tokenizer, template).train[0]
         images = [load_image(str(tmp_path / p), _spec(cfg)) for p in images]
         grid = proc.image_processor(images=images, return_tensors="pt")["image_grid_thw"]
-        assert (
-            sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
-            == int(grid.prod(-1).sum()) // 4
-        )  # the processor's own count for the resized image
+        assert sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == int(
+            grid.prod(-1).sum()
+        ) // 4  # the processor's own count for the resized image
         return sample["input_ids"].count(proc.tokenizer.convert_tokens_to_ids("<|image_pad|>"))
 
     (big,) = write_images(tmp_path, [(300, 200)])
-    cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path, image_max_pixels=100, image_min_pixels=10)
+    cfg = vlm_cfg(
+        base_cfg, tiny_vlm[family], family, tmp_path, image_max_pixels=100, image_min_pixels=10
+    )
     assert image_sizes([str(tmp_path / big)], _spec(cfg)) == [(28, 28)]
     assert pads([big], image_max_pixels=100, image_min_pixels=10) == capped
     assert pads([big]) == uncapped
@@ -373,9 +374,7 @@ def test_video_fields_are_validated_and_apply_to_videos_only(tiny_vlm, base_cfg,
     assert (cfg.data.video_max_pixels, cfg.data.video_fps, cfg.data.video_maxlen) == (16384, 1.0, 128)
     with caplog.at_level("INFO", logger="lmstack.data.mm"):
         check_data_args(cfg)
-    assert (
-        "video_max_pixels / video_fps: no effect on" in caplog.text and "which reads no video" in caplog.text
-    )
+    assert "video_max_pixels / video_fps: no effect on" in caplog.text and "which reads no video" in caplog.text
     for bad, reason in [
         ({"video_max_pixels": 100}, "video_max_pixels: got 100, less than video_min_pixels 256"),
         ({"video_fps": 0}, "video_fps"),
@@ -386,10 +385,7 @@ def test_video_fields_are_validated_and_apply_to_videos_only(tiny_vlm, base_cfg,
     entry = json.loads((tmp_path / "dataset_info.json").read_text())
     entry["mm"]["columns"]["videos"] = "videos"
     (tmp_path / "dataset_info.json").write_text(json.dumps(entry))
-    with pytest.raises(
-        DataError,
-        match=r"dataset mm has video input, but .* is a qwen3_vl model, which lmstack feeds no videos",
-    ):
+    with pytest.raises(DataError, match=r"dataset mm has video input, but .* is a qwen3_vl model, which lmstack feeds no videos"):
         check_data_args(cfg)
 
 
@@ -414,9 +410,7 @@ def test_a_real_qwen3_vl_processor_config_loads_without_torchvision_and_counts_i
     }))  # fmt: skip
     from lmstack.config.load import build_config
 
-    cfg = build_config(
-        {"model_name_or_path": str(folder), "output_dir": str(tmp_path / "o"), "image_max_pixels": 262144}
-    )
+    cfg = build_config({"model_name_or_path": str(folder), "output_dir": str(tmp_path / "o"), "image_max_pixels": 262144})
     spec = media_spec(cfg)
     assert (spec.plugin, spec.patch_size, spec.merge_size, spec.min_pixels) == ("qwen3_vl", 16, 2, 65536)
     size = regularized_size(640, 480, spec)
@@ -439,10 +433,7 @@ def test_the_collated_pixels_and_token_types_are_the_processors_own(family, tiny
     from lmstack.data.mm_collate import MediaCollator
 
     images = write_images(tmp_path)
-    messages = [
-        {"role": "user", "content": "<image>One <image>two <image>three"},
-        {"role": "assistant", "content": "ok"},
-    ]
+    messages = [{"role": "user", "content": "<image>One <image>two <image>three"}, {"role": "assistant", "content": "ok"}]
     write_dataset(tmp_path, [{"messages": messages, "images": images}])
     cfg = vlm_cfg(base_cfg, tiny_vlm[family], family, tmp_path)
     proc = processor_of(tiny_vlm[family], family)
