@@ -496,6 +496,12 @@ class FinetuningArgs(Section):
         description="grpo/rloo: micro-steps one rollout batch serves (default gradient_accumulation_steps); more "
         "trains on rollouts of an older policy, corrected by the same ratio.",
     )
+    rollout_engine: Literal["auto", "continuous_batching", "generate"] = Field(
+        "auto",
+        description="grpo/rloo: how answers are sampled: continuous_batching (transformers' paged-KV engine, "
+        "generate_batch, on the trained weights in place; CUDA graphs for decode on a GPU) | generate (one "
+        "padded batch, model.generate) | auto (the run plan picks: continuous_batching where it applies).",
+    )
 
     @field_validator("scale_rewards", mode="before")
     @classmethod

@@ -88,7 +88,8 @@ MEDIA_KINDS = (
     "unreadable media file", "media not supported",
 )  # fmt: skip
 IMAGES_CUT = "image tokens cut by cutoff_len"
-MEDIA_STAGES = ("sft", "dpo")  # dpo: TRL's DPOTrainer with the pixels of each pair (train/dpo.py)
+# dpo: TRL's DPOTrainer with the pixels of each pair (train/dpo.py); grpo: TRL's vision path (train/grpo_media.py)
+MEDIA_STAGES = ("sft", "dpo", "grpo")
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 

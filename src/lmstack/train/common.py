@@ -281,6 +281,8 @@ def make_callbacks(cfg: Config) -> list:
                 "total_tokens": state.num_input_tokens_seen or None,
                 # grpo/rloo: each reward's mean (TRL's rewards/<name>/mean), one curve per reward
                 **{k: v for k, v in logs.items() if k.startswith("rewards/") and k.endswith("/mean")},
+                # grpo/rloo: the rollouts' speed (train/rollout_engine.py)
+                **{k: v for k, v in logs.items() if k.startswith("rollout/")},
             }
             with (Path(args.output_dir) / LOG_FILE).open("a") as fh:
                 fh.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")
