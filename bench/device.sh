@@ -24,6 +24,8 @@
 #   qlora     QLoRA 4/8-bit vs bf16 LoRA on the 7B
 #   stages    DPO/SFT LoRA and `auto` runs (bench/stage_bench.py)           [STAGE_RUNS]
 #   env       `lmstack env` all-reduce and the ZeRO-3 + LoRA test on NPROC GPUs
+#   rl        GRPO LoRA, lmstack vs TRL defaults (bench/rl_bench.py)          [RL_ARCHS, RL_STEPS=3]
+#   rltask    0.5B arithmetic: SFT warm start, GRPO 100 steps (bench/rl_task.py) [RL_SFT_STEPS=60]
 #   dist      the multi-GPU matrix (bench/distributed_bench.py)             [NPROC=2, DIST_ITEMS]
 # A warm machine keeps /tmp between calls: installs, assets and plan/speed results carry over, so the
 # same command again continues where the last call stopped.
@@ -51,8 +53,8 @@ pip_t /tmp/site_lm .whl/lm/*.whl .whl/bnb/*.whl .whl/ao/*.whl
 { has peers || has unsloth || has probe; } && pip_t /tmp/site_uns .whl/uns/*.whl .whl/bnb/*.whl .whl/ao/*.whl
 has serve && pip_t /tmp/site_serve .whl/serve/*.whl
 asset qwen2.5-0.5b
-{ has plan || has parity; } && asset qwen2.5-1.5b
-{ has peers || has qlora || has stages || has dist; } && asset qwen2.5-7b
+{ has plan || has parity || has rl; } && asset qwen2.5-1.5b
+{ has peers || has qlora || has stages || has dist || has rl; } && asset qwen2.5-7b
 has speed && [ "${SPEED_SET:-default}" != small ] && asset qwen2.5-7b
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 echo "setup done, $(left)s left"
@@ -160,6 +162,11 @@ for ph in $PHASES; do
   stages)
     PYTHONPATH=$LM python3 bench/stage_bench.py --assets /tmp/assets \
       --runs "${STAGE_RUNS:-dpo_lora_0.5b,sft_lora_0.5b,auto_lora_7b,auto_full_0.5b}" --steps 20 --budget $(($(left) - 10)) 2>&1 | tail -8 ;;
+  rl)  # GRPO LoRA step time, lmstack vs TRL's defaults, 1.5B and 7B shapes (bench/rl_bench.py)
+    PYTHONPATH=$LM python3 bench/rl_bench.py --assets /tmp/assets --archs "${RL_ARCHS:-qwen2.5-1.5b,qwen2.5-7b}" \
+      --steps "${RL_STEPS:-3}" --budget $(($(left) - 10)) --run-id "$RID" 2>&1 | grep '^LINE\|Error' | cut -c1-400 ;;
+  rltask)  # the 0.5B arithmetic task: SFT warm start, then GRPO 100 steps, accuracy per step (bench/rl_task.py)
+    PYTHONPATH=$LM python3 bench/rl_task.py --assets /tmp/assets --sft-steps "${RL_SFT_STEPS:-60}" --budget $(($(left) - 10)) 2>&1 | tail -12 ;;
   env)
     PYTHONPATH=$LM timeout 60 python3 -m lmstack.cli env 2>&1 | tee "$O/env.txt" | tail -3
     LMSTACK_GPU_NPROC=${NPROC:-2} PYTHONPATH=$LM timeout 150 python3 -m pytest -q -p no:cacheprovider \

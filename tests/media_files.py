@@ -72,3 +72,31 @@ def demo_dir(root: Path, kind: str) -> Path:
     entry["columns"] = {"messages": "messages", kind: kind}
     (folder / "dataset_info.json").write_text(json.dumps({dataset: entry}))
     return folder
+
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 220), "yellow": (230, 220, 40)}
+
+
+def image_demo_dir(folder: Path) -> Path:
+    """LF's mllm_demo layout: dataset_info.json, mllm_demo.json, mllm_demo_data/<n>.png (one coloured
+    picture per record of different sizes, the colour's name the answer)."""
+    from PIL import Image
+
+    (folder / "mllm_demo_data").mkdir(parents=True, exist_ok=True)
+    records = []
+    for i, (name, rgb) in enumerate(COLOURS.items()):
+        Image.new("RGB", (64 + 16 * i, 48), rgb).save(folder / "mllm_demo_data" / f"{i}.png")
+        records.append(
+            {
+                "messages": [
+                    {"role": "user", "content": "<image>What colour is this picture?"},
+                    {"role": "assistant", "content": name},
+                ],
+                "images": [f"mllm_demo_data/{i}.png"],
+            }
+        )
+    (folder / "mllm_demo.json").write_text(json.dumps(records))
+    entry = {"file_name": "mllm_demo.json", "formatting": "sharegpt", "tags": TAGS}
+    entry["columns"] = {"messages": "messages", "images": "images"}
+    (folder / "dataset_info.json").write_text(json.dumps({"mllm_demo": entry}))
+    return folder

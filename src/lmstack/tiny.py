@@ -123,10 +123,14 @@ def build_tiny_model(
 
 
 # ---- tiny vision-language models (`lmstack tiny-model DIR --vision FAMILY`) ----------------------
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava", "qwen2_audio")
+VISION_FAMILIES = (
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava", "qwen2_audio", "gemma3", "internvl",
+)  # fmt: skip
 _QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 # the special tokens each family's processor writes for an image (Qwen-VL: start, pads, end)
-VISION_TOKENS = {family: _QWEN_VL_TOKENS for family in VISION_FAMILIES if family.startswith("qwen") and "vl" in family}
+VISION_TOKENS = {
+    family: _QWEN_VL_TOKENS for family in VISION_FAMILIES if family.startswith("qwen") and "vl" in family
+}
 VISION_TOKENS["llava"] = ["<image>"]
 VISION_TOKENS["qwen2_audio"] = ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
 TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
@@ -361,11 +365,21 @@ def _llava_parts(tokenizer, text_dims: dict):
     return config, image_processor, processor
 
 
+def _vision_parts(tokenizer, family: str):
+    if family == "llava":
+        return _llava_parts(tokenizer, dict(TINY_DIMS))
+    if family == "qwen2_audio":
+        return _qwen2_audio_parts(tokenizer, dict(TINY_DIMS))
+    if family.startswith("qwen3_vl"):
+        return _qwen3_vl_parts(tokenizer, dict(TINY_DIMS), family == "qwen3_vl_moe")
+    return _qwen2_vl_parts(tokenizer, dict(TINY_DIMS), family == "qwen2_5_vl")
+
+
 def build_tiny_vision_model(
     out_dir: str | Path, family: str = "qwen2_vl", data_dir: str | Path | None = "data", seed: int = 0
 ) -> Path:
     """A random-init vision-language model of a real architecture (Qwen2-VL, Qwen2.5-VL, Qwen3-VL dense
-    or MoE, or LLaVA = CLIP + Llama)
+    or MoE, LLaVA = CLIP + Llama, Gemma 3, InternVL 3)
     with the tiny tokenizer plus the family's image tokens, its image processor and processor config,
     loadable offline by AutoModelForImageTextToText / AutoImageProcessor / AutoProcessor."""
     import torch
@@ -376,19 +390,13 @@ def build_tiny_vision_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(corpus_from_dir(Path(data_dir) if data_dir else None))
-    tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS[family]})
-    if family == "llava":
-        config, image_processor, processor = _llava_parts(tokenizer, dict(TINY_DIMS))
-    elif family == "qwen2_audio":
-        config, image_processor, processor = _qwen2_audio_parts(tokenizer, dict(TINY_DIMS))
-    elif family.startswith("qwen3_vl"):
-        config, image_processor, processor = _qwen3_vl_parts(
-            tokenizer, dict(TINY_DIMS), family == "qwen3_vl_moe"
-        )
+    if family in ("gemma3", "internvl"):  # named image tokens, their own module (tiny_vision.py)
+        from lmstack.tiny_vision import family_parts
+
+        config, image_processor, processor = family_parts(tokenizer, family, dict(TINY_DIMS))
     else:
-        config, image_processor, processor = _qwen2_vl_parts(
-            tokenizer, dict(TINY_DIMS), family == "qwen2_5_vl"
-        )
+        tokenizer.add_special_tokens({"additional_special_tokens": VISION_TOKENS[family]})
+        config, image_processor, processor = _vision_parts(tokenizer, family)
     torch.manual_seed(seed)
     if family == "qwen2_audio":  # not an image-text-to-text model: its own class
         from transformers import Qwen2AudioForConditionalGeneration
@@ -396,6 +404,10 @@ def build_tiny_vision_model(
         model = Qwen2AudioForConditionalGeneration._from_config(config, dtype=torch.float32)
     else:
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    if family in ("gemma3", "internvl"):
+        from lmstack.tiny_vision import finish_model
+
+        finish_model(model)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)

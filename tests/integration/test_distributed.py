@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 HERE = Path(__file__).resolve().parent
-TIMEOUT = 90
+TIMEOUT = 600  # a safety net for a hang only: the machine running the tests may be heavily loaded
 # Same samples per optimizer step, same init (seeded), DDP gradient averaging with the Trainer's
 # token-count normalisation across ranks: the curves agree up to float32 reduction-order noise.
 LOSS_ATOL = 1e-4
@@ -117,14 +117,16 @@ def test_force_torchrun_relaunches_lmstack_train(base_cfg, tmp_path):
 
 def test_failing_rank_stops_the_whole_job(base_cfg, tmp_path):
     """Rank 1 raises inside its second training step while rank 0 waits in the gradient all-reduce:
-    torchrun must tear the job down and exit non-zero, not hang."""
-    cfg = _cfg(base_cfg, tmp_path, "fail", per_device_train_batch_size=2, max_steps=6, ddp_timeout=60)
+    torchrun must tear the job down and exit non-zero, not hang. Rank 0's collective timeout is longer
+    than the subprocess's, so only the teardown ends the job before the timeout fails the test."""
+    cfg = _cfg(
+        base_cfg, tmp_path, "fail", per_device_train_batch_size=2, max_steps=6, ddp_timeout=2 * TIMEOUT
+    )
     env = _env(tmp_path)
     cmd = [*_torchrun(2), str(HERE / "_fail_on_rank1.py"), "train", str(cfg)]
-    proc, elapsed = _run(cmd, env)
+    proc, _ = _run(cmd, env)
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stderr
-    assert elapsed < 60, elapsed
     assert not (tmp_path / "fail" / "train_results.json").exists()
 
 

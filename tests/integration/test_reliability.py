@@ -445,6 +445,39 @@ def test_model_with_auto_map_is_refused_without_trust_remote_code(cfg, tmp_path,
     assert not marker.exists()
 
 
+def test_an_unknown_model_type_without_auto_map_is_refused_before_the_model_loads(cfg, tmp_path, tiny_model):
+    model = tmp_path / "unknown"
+    shutil.copytree(tiny_model, model)
+    config = json.loads((model / "config.json").read_text())
+    config["model_type"] = "qwen2x"
+    (model / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "o"
+    with pytest.raises(
+        ConfigError,
+        match=r"model_type 'qwen2x', which transformers .* does not know \(did you mean 'qwen2'\?\), and no auto_map",
+    ):
+        train(None, {**cfg, "model_name_or_path": str(model), "output_dir": str(out)})
+    assert not out.exists()
+
+
+def test_a_pickled_adapter_that_is_not_plain_tensors_is_refused_before_the_model_loads(cfg, tmp_path):
+    import argparse
+
+    import torch
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
+    torch.save({"w": torch.zeros(2), "extra": argparse.Namespace(a=1)}, adapter / "adapter_model.bin")
+    out = tmp_path / "o"
+    with pytest.raises(ConfigError) as err:
+        train(None, {**cfg, "adapter_name_or_path": str(adapter), "output_dir": str(out)})
+    message = str(err.value)
+    assert f"adapter_name_or_path: {adapter / 'adapter_model.bin'} holds pickled objects" in message
+    assert "Weights only load failed" not in message and "safetensors.torch import save_file" in message
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("entry", ["up", "absolute", "link", "prefix"])
 def test_dataset_file_name_cannot_escape_dataset_dir(cfg, tmp_path, entry):
     root = tmp_path / "data"

@@ -351,3 +351,15 @@ def test_tokenized_path_with_other_data_is_refused_and_the_trained_data_recorded
     caplog.clear()
     train(None, {**run, "output_dir": str(tmp_path / "d")})
     assert "saved without key.json" in caplog.text
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_output_dir_that_is_or_lies_under_a_file_is_refused_before_anything_loads(cfg, tmp_path, below):
+    afile = tmp_path / "not-a-folder"
+    afile.write_text("a file")
+    out = afile / below if below else afile
+    with pytest.raises(
+        ConfigError, match=f"output_dir: {re.escape(str(out))} cannot be a folder: .* is an existing file"
+    ):
+        train(None, {**cfg, "output_dir": str(out)})
+    assert afile.read_text() == "a file"

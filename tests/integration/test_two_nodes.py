@@ -181,11 +181,10 @@ def test_node_that_cannot_reach_the_master_fails_in_bounded_time(base_cfg, tmp_p
         MASTER_PORT=str(port),
         PET_RDZV_CONF=f"timeout={RDZV_TIMEOUT}",
     )
-    start = time.monotonic()
+    # bounded by the rendezvous timeout, not a stopwatch: torchrun's default (600 s) is past _wait's
+    # TIMEOUT, so only the shortened rendezvous (its error line below) ends the run before that fails it
     [(rc, err)] = _wait([_train(cfg, env)])
-    elapsed = time.monotonic() - start
     assert rc == 2, err[-3000:]
-    assert elapsed < 90, elapsed
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, err[-3000:]
     line = errors[0]

@@ -241,12 +241,15 @@ def tiny_models(tmp_path_factory):
 
 @pytest.fixture
 def lf_data(tmp_path) -> Path:
+    return write_lf_data(tmp_path / "data")
+
+
+def write_lf_data(folder: Path) -> Path:
     """LF's data/ layout: its dataset_info.json entries for these four datasets (rlhf_v, a hub dataset
     in LF, as a local file of the same columns), mllm_demo.json as LF ships it (two images per
     record: one in the first user turn, one in the second), lmstack's identity / alpaca_en_demo."""
     from PIL import Image
 
-    folder = tmp_path / "data"
     (folder / "mllm_demo_data").mkdir(parents=True)
     for i, rgb in enumerate([(200, 40, 40), (40, 160, 60), (40, 60, 200)], start=1):
         Image.new("RGB", PHOTO, rgb).save(folder / "mllm_demo_data" / f"{i}.jpg")

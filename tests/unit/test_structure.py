@@ -21,7 +21,7 @@ FLOORS = [
     ("reliability",),
     ("infer",),
     ("train",),
-    ("cli", "webui", "tiny"),
+    ("cli", "webui", "tiny", "tiny_vision"),
 ]
 TOPOLOGY_VARS = {
     "RANK",

@@ -28,7 +28,9 @@ def cmd_api(args: argparse.Namespace) -> int:
     from lmstack.config.extras import require
 
     require("serve", "lmstack api")  # fastapi + uvicorn, before the model loads
-    from lmstack.infer.engine import adapter_dirs, load_infer_config
+    from lmstack.infer.engine import adapter_dirs, keep_unused_out, load_infer_config
+
+    keep_unused_out(args.config, args.overrides)  # before transformers is imported
     from lmstack.infer.engines import check_backend, load_engine
     from lmstack.infer.limits import Limits, check_bind
     from lmstack.infer.server import serve
@@ -82,7 +84,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--port", type=int, help="port (default: env API_PORT, else 8000; 0 = any free port, printed)"
     )
-    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` (default: env API_KEY)")
+    p.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` (default: env API_KEY; prefer API_KEY: a key given "
+        "here is visible to every user of the machine in `ps`)",
+    )
     p.add_argument(
         "--model-name", help="model id reported by /v1/models (default: the model/adapter folder name)"
     )

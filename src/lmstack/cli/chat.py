@@ -11,28 +11,36 @@ from typing import TextIO
 WELCOME = "Welcome to lmstack chat. Type `clear` to forget the history, `exit` to quit."
 
 
-def chat_loop(session, read: Callable[[str], str] = input, out: TextIO = sys.stdout) -> None:
-    """Read a line, stream the reply; Ctrl-C stops a reply (the turn is dropped), Ctrl-D quits."""
-    print(WELCOME, file=out, flush=True)
+def chat_loop(
+    session, read: Callable[[str], str] = input, out: TextIO = sys.stdout, prompts: bool = True
+) -> None:
+    """Read a line, stream the reply; Ctrl-C stops a reply (the turn is dropped), Ctrl-D quits.
+    `prompts=False` (stdin is a pipe or a file): no welcome, no `User:`/`Assistant:` labels, one reply
+    per input line, so the output is the replies alone."""
+    if prompts:
+        print(WELCOME, file=out, flush=True)
     while True:
         try:
-            query = read("\nUser: ")
+            query = read("\nUser: " if prompts else "")
         except UnicodeDecodeError:
             print("could not decode the input; set the terminal encoding to UTF-8", file=out, flush=True)
             continue
         except EOFError:
-            print(file=out)
+            if prompts:
+                print(file=out)
             return
         command = query.strip()
         if command == "exit":
             return
         if command == "clear":
             session.clear()
-            print("History has been removed.", file=out, flush=True)
+            if prompts:
+                print("History has been removed.", file=out, flush=True)
             continue
         if not command:
             continue
-        print("Assistant: ", end="", file=out, flush=True)
+        if prompts:
+            print("Assistant: ", end="", file=out, flush=True)
         reply = session.send(query)
         try:
             for piece in reply:
@@ -44,14 +52,20 @@ def chat_loop(session, read: Callable[[str], str] = input, out: TextIO = sys.std
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from lmstack.infer.engine import ChatSession, load_infer_config
+    from lmstack.infer.engine import ChatSession, keep_unused_out, load_infer_config
+
+    keep_unused_out(args.config, args.overrides)  # before transformers is imported
     from lmstack.infer.engines import load_engine
     from lmstack.infer.vision import session_for
 
     cfg = load_infer_config(args.config, args.overrides)
     engine = load_engine(cfg)  # infer_backend: huggingface | vllm | sglang
     # a vision model: `/image PATH` attaches one (Qwen2-VL: `/video PATH` too; Qwen2-Audio: `/audio PATH`)
-    chat_loop(session_for(engine) or ChatSession(engine))
+    session = session_for(engine) or ChatSession(engine)
+    if sys.stdin.isatty():
+        chat_loop(session)
+    else:  # piped: input() would still write its prompt to stdout
+        chat_loop(session, read=lambda _prompt: input(), prompts=False)
     return 0
 
 

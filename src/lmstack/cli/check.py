@@ -39,11 +39,17 @@ def run_check(config: str | None, overrides: list[str] | dict | None = None) -> 
     logger.info("%s", plan.describe())
     cfg = plan.cfg
     tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
+    template = get_template(
+        cfg.data.template,
+        tokenizer,
+        thinking_style=cfg.data.thinking_style,
+        escape_content=cfg.data.escape_special_tokens_in_content,
+    )
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
     report = check_data(cfg, tokenizer, template, pt_split=plan.split_long_texts)
     report["run_plan"] = plan.to_dict()
+    report["strict"] = cfg.data.strict  # `strict: true` in the YAML: --strict's meaning
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / REPORT_NAME
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
@@ -60,7 +66,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(format_report(report, color=sys.stdout.isatty()))
         print(f"\nreport written to {path}")
     problems = report["totals"]["problems"]
-    if args.strict and problems:
+    if (args.strict or report["strict"]) and problems:
         print(f"--strict: {problems} problem(s) found", file=sys.stderr)
         return 1
     return 0

@@ -6,6 +6,9 @@ import argparse
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from lmstack.infer.engine import keep_unused_out
+
+    keep_unused_out(args.config, args.overrides)  # before transformers is imported
     from lmstack.infer.export import export
 
     out = export(args.config, args.overrides)

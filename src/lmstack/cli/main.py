@@ -173,6 +173,19 @@ def target_gpu(
     return memory, capability, name, link
 
 
+def planned_for(args: argparse.Namespace, here, memory: float) -> str | None:
+    """The plan's device reason where the GPU planned for is not one this machine shows (None: the
+    named target's own words)."""
+    if args.gpu or args.gpu_memory:
+        return None
+    if here.cuda:
+        return "a CUDA GPU is visible (this machine's is planned for)"
+    return (
+        f"no CUDA GPU is visible here: planned for a CUDA GPU of {memory:g} GiB (give --gpu NAME or "
+        "--gpu-memory GIB for the machine that will train)"
+    )
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
@@ -215,7 +228,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # planning for this machine (no GPU named): its CPU RAM and disk are constraints too; the optional
     # packages never are (the target is assumed to have what a strategy needs: plan/whatif.py)
     local = not (args.gpu_memory or args.gpu)
-    run_plan = plan_for(cfg, gpus * args.nodes, memory, capability, gpu_name)  # the run plan on that machine
+    run_plan = plan_for(cfg, gpus * args.nodes, memory, capability, gpu_name, planned_for(args, here, memory))
     lengths = None if args.no_data else data_lengths(run_plan)  # unpacked rows: the data's own lengths
     cpu = args.cpu_memory or (machine_memory_gib() if local else None)
     disk = disk_free_gib(cfg.training.output_dir) if local else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import typing
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,13 @@ class _DupKeyLoader(yaml.SafeLoader):
 
 
 def _construct_mapping(loader: _DupKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    """`<<: *anchor` merges as in PyYAML's safe_load (and LF's OmegaConf): the mapping's own keys win
+    over merged ones; only its own keys count as set twice."""
+    own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+    loader.flatten_mapping(node)
     mapping: dict = {}
-    for key_node, value_node in node.value:
+    merged = [(k, v) for k, v in node.value if id(k) not in own]
+    for key_node, value_node in [(k, v) for k, v in node.value if id(k) in own]:
         key = loader.construct_object(key_node, deep=deep)
         value = loader.construct_object(value_node, deep=deep)
         if not isinstance(key, str | int | float | bool | type(None)):
@@ -45,6 +51,10 @@ def _construct_mapping(loader: _DupKeyLoader, node: yaml.MappingNode, deep: bool
                 )
             loader.duplicates.append(f"{key} (line {line})")
         mapping[key] = value
+    for key_node, value_node in merged:
+        mapping.setdefault(
+            loader.construct_object(key_node, deep=deep), loader.construct_object(value_node, deep=deep)
+        )
     return mapping
 
 
@@ -119,7 +129,16 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file not found: {path}")
     if path.stat().st_size > 4 * MAX_YAML_CHARS:  # refuse before reading a huge file
         raise ConfigError(f"{path}: {path.stat().st_size} bytes; a config is at most {MAX_YAML_CHARS}")
-    data, duplicates = _safe_load(path.read_text(encoding="utf-8"), str(path))
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}: line {line}: byte {raw[err.start]:#04x} is not UTF-8; a config file is UTF-8 text: "
+            "re-save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+        ) from None
+    data, duplicates = _safe_load(text, str(path))
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of field: value, got {type(data).__name__}")
@@ -221,18 +240,58 @@ def _yaml_bools_to_words(section: str, values: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+_BOUNDS = (("gt", "greater than"), ("ge", "at least"), ("lt", "less than"), ("le", "at most"))
+_KINDS = {int: "an integer", float: "a number", str: "a text"}
+
+
+def _form(arg: Any) -> list[str]:
+    """The values one member of a field's type allows, in words (`an integer greater than 0`, `auto`)."""
+    if typing.get_origin(arg) is typing.Literal:
+        return [str(v) for v in typing.get_args(arg)]
+    if arg is bool:
+        return ["true", "false"]
+    if arg is type(None):
+        return []
+    meta: list = []
+    if typing.get_origin(arg) is typing.Annotated:
+        arg, *extra = typing.get_args(arg)
+        meta = [m for item in extra for m in getattr(item, "metadata", [item])]
+    bounds = [f"{word} {getattr(m, key)}" for m in meta for key, word in _BOUNDS if hasattr(m, key)]
+    kind = _KINDS.get(arg, getattr(arg, "__name__", str(arg)))
+    return [" ".join([kind, *bounds])]
+
+
+def _union_line(section: str, field: str, got: Any) -> str:
+    """One line for a value no member of a union accepts: pydantic's own text has one error per member
+    (`Input should be greater than 0` and `Input should be 'auto'`), each wrong on its own."""
+    annotation = SECTIONS[section].model_fields[field].annotation
+    forms = [f for arg in typing.get_args(annotation) or (annotation,) for f in _form(arg)]
+    return f"{field}: got {short(got)}; allowed: {' | '.join(forms)}"
+
+
 def _explain(section: str, err: ValidationError) -> list[str]:
-    lines = []
-    for e in err.errors():
+    lines: list[str] = []
+    errors = err.errors()
+    members = Counter(str(e["loc"][0]) for e in errors if len(e["loc"]) > 1)  # union members per field
+    said: set[str] = set()
+    for e in errors:
         msg = e["msg"].removeprefix("Value error, ")
         if not e["loc"]:  # a rule across fields: the message names them
             lines.append(msg)
             continue
         field = str(e["loc"][0])
+        if members[field] > 1 and field in SECTIONS[section].model_fields:
+            if field not in said:
+                said.add(field)
+                lines.append(_union_line(section, field, e.get("input")))
+            continue
         if e["type"] == "missing":
             lines.append(f"{field}: required field is missing; add `{field}: ...` to the YAML")
             continue
         got = e.get("input")
+        if secrets.SECRET_NAME.search(field):  # a secret is never echoed, whatever its type
+            lines.append(f"{field}: got a value of type {type(got).__name__} (not shown: a secret); {msg}")
+            continue
         choices = _literal_choices(section, field) if field in SECTIONS[section].model_fields else None
         if e["type"].startswith("literal") or (choices and e["type"] in ("bool_parsing", "bool_type")):
             allowed = " | ".join(choices or [])
@@ -320,4 +379,4 @@ def save_config(cfg: Config, path: str | Path, plan_lines: str | None = None) ->
     text = yaml.safe_dump(cfg.flat(redact=True), sort_keys=False, allow_unicode=True)
     if plan_lines:
         text += "".join(f"# {line}\n" for line in plan_lines.splitlines())
-    Path(path).write_text(text)
+    Path(path).write_text(secrets.redact(text))  # token-like text in any field, as the manifest masks it

@@ -162,6 +162,12 @@ class DataArgs(Section):
     streaming: bool = Field(
         False, description="Tokenize lazily while training instead of up front (needs max_steps > 0)."
     )
+    strict: bool = Field(
+        False,
+        description="lmstack's: refuse the run (exit 2, before the model loads) when any record is dropped "
+        "(a bad JSON line, a missing field, ...), as `lmstack check --strict` fails; `lmstack train CFG "
+        "--strict` sets it.",
+    )
     buffer_size: int = Field(16384, gt=0, description="Streaming: records in the shuffle buffer.")
     tokenized_path: str | None = Field(
         None,
@@ -182,6 +188,12 @@ class DataArgs(Section):
         description="Reasoning templates: LLaMA-Factory's thought rules, or inference = history as the "
         "model's chat template shows it (lmstack's rules; templates/THINKING.md).",
     )
+    escape_special_tokens_in_content: bool = Field(
+        False,
+        description="lmstack-only: tokenize user and tool-result text with special tokens not parsed "
+        "(`<|im_end|>` typed by a user stays text); the template's own markup is unchanged. Off: special-"
+        "token strings anywhere are control tokens, as in LLaMA-Factory and vLLM. Needs template: <name>.",
+    )
     ignore_pad_token_for_loss: bool = Field(True, description="Padding positions never count in the loss.")
     image_max_pixels: int = Field(
         768 * 768,
@@ -192,10 +204,10 @@ class DataArgs(Section):
         32 * 32, gt=0, description="Vision models: smaller images are upscaled to at least this many pixels."
     )
     image_do_pan_and_scan: bool = Field(
-        False, description="Gemma 3's pan-and-scan crops of an image (no lmstack family has them: true is refused)."
+        False, description="Gemma 3's pan-and-scan crops of an image (other models: true is refused)."
     )
     crop_to_patches: bool = Field(
-        False, description="InternVL's tiling of an image into patches (no lmstack family has it: true is refused)."
+        False, description="InternVL's tiling of an image into patches (other models: true is refused)."
     )
     video_max_pixels: int = Field(
         256 * 256, gt=0, description="Video models: larger frames are downscaled to at most this many pixels."
@@ -203,7 +215,9 @@ class DataArgs(Section):
     video_min_pixels: int = Field(
         16 * 16, gt=0, description="Video models: smaller frames are upscaled to at least this many pixels."
     )
-    video_fps: float = Field(2.0, gt=0, allow_inf_nan=False, description="Video models: frames sampled per second of video.")
+    video_fps: float = Field(
+        2.0, gt=0, allow_inf_nan=False, description="Video models: frames sampled per second of video."
+    )
     video_maxlen: int = Field(128, gt=0, description="Video models: at most this many frames per video.")
     audio_sampling_rate: int = Field(
         16000, gt=0, description="Audio models: audio is resampled to this rate (Hz) before its features."
@@ -214,7 +228,7 @@ class DataArgs(Section):
     def _val_size_form(cls, value: float) -> float:
         # a fraction below 1 or a whole record count: 1.5 is neither, and int() would silently read 1
         if value >= 1 and value != int(value):
-            raise ValueError(f"got {value}; give a fraction below 1 or a whole number of records")
+            raise ValueError("give a fraction in (0, 1) or a whole number of records >= 1 (LF's two forms)")
         return value
 
     @model_validator(mode="after")
@@ -481,6 +495,12 @@ class FinetuningArgs(Section):
         ge=1,
         description="grpo/rloo: micro-steps one rollout batch serves (default gradient_accumulation_steps); more "
         "trains on rollouts of an older policy, corrected by the same ratio.",
+    )
+    rollout_engine: Literal["auto", "continuous_batching", "generate"] = Field(
+        "auto",
+        description="grpo/rloo: how answers are sampled: continuous_batching (transformers' paged-KV engine, "
+        "generate_batch, on the trained weights in place; CUDA graphs for decode on a GPU) | generate (one "
+        "padded batch, model.generate) | auto (the run plan picks: continuous_batching where it applies).",
     )
 
     @field_validator("scale_rewards", mode="before")

@@ -6,7 +6,8 @@ masking flags), max_samples, the lmstack version and a hash of the data/template
 which of these inputs changed, compared with the closest earlier entry of the same dataset.
 
 Entries are written to a temporary folder (`.tmp-*`) and renamed into place with a COMPLETE marker
-written last, so an interrupted write is never read; `.tmp-*` folders older than an hour (left by a
+written last (it lists every file and its size, checked on each read), so an interrupted write or a
+damaged entry is never read (it is rebuilt); `.tmp-*` folders older than an hour (left by a
 killed run) are removed on the next write. Only successful results are stored (a dataset with no
 valid record is not cached, so fixing the data or the mapping is always picked up). Arrays are
 .npy (no pickle). The root is $XDG_CACHE_HOME/lmstack/tokenized (default ~/.cache/...).
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import lmstack
+from lmstack.data.loader import source_files
 from lmstack.data.registry import DatasetAttr
 from lmstack.data.tokenized import TokenizedDataset
 
@@ -47,12 +49,17 @@ def _file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def data_digest(attr: DatasetAttr) -> dict:
+def data_digest(attr: DatasetAttr) -> dict | None:
+    """file -> sha256 of every file the dataset reads (a hub entry: its local folder or hub-cache
+    snapshot too, not just its name); None when the hub data is not on disk before loading."""
+    found = source_files(attr)
+    if found is None:
+        return None
+    root, files = found
+    digests = {p.relative_to(root).as_posix(): _file_digest(p) for p in files}
     if attr.load_from != "file":
-        return {"hub": attr.source, "subset": attr.subset, "split": attr.split}
-    src = Path(attr.source)
-    files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
-    return {str(p.relative_to(src.parent if src.is_file() else src)): _file_digest(p) for p in files}
+        digests = {"hub": f"{attr.source} subset={attr.subset} split={attr.split}", **digests}
+    return digests
 
 
 def _tokenizer_digest(tokenizer: Any) -> str:
@@ -101,6 +108,14 @@ def cache_key(attr: DatasetAttr, tokenizer: Any, template: Any, opts: Any, max_s
     return {"digest": digest, "parts": parts}
 
 
+def _key_text(parts: dict) -> str:
+    """key.json: the key's inputs as text, token-like values masked as in every file lmstack writes
+    (the digest is taken over the real values, so two secrets never share an entry)."""
+    from lmstack.config.secrets import redact
+
+    return redact(json.dumps(parts, sort_keys=True, default=str))
+
+
 def _entry_dir(name: str, digest: str) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     return cache_root() / f"{safe}-{digest}"
@@ -127,7 +142,7 @@ def _changed_inputs(name: str, parts: dict) -> list[str]:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     if not root.is_dir():
         return []
-    new = json.loads(json.dumps(parts, sort_keys=True, default=str))
+    new = json.loads(_key_text(parts))  # as key.json holds it: token-like text masked
     best: tuple[int, float, list[str]] | None = None
     for key_file in root.glob(f"{safe}-*/key.json"):
         if not (key_file.parent / "COMPLETE").is_file():
@@ -147,12 +162,16 @@ def load(key: dict, name: str, overwrite: bool = False) -> tuple[TokenizedDatase
     if overwrite:
         logger.info("dataset %s: tokenizing (overwrite_cache: true)", name)
         return None
+    if key["parts"]["data"] is None:
+        logger.info("dataset %s: tokenizing (not cached: the hub data is not on disk before loading)", name)
+        return None
     if not (path / "COMPLETE").is_file():
         changed = _changed_inputs(name, key["parts"])
         why = f"changed: {', '.join(changed)}" if changed else "no earlier entry"
         logger.info("dataset %s: tokenizing (cache miss, %s)", name, why)
         return None
     try:
+        _check_entry(path)
         ds = TokenizedDataset.load(path)
         stats = json.loads((path / "stats.json").read_text())
     except (OSError, ValueError) as err:  # a damaged entry is rebuilt, never trusted
@@ -164,6 +183,22 @@ def load(key: dict, name: str, overwrite: bool = False) -> tuple[TokenizedDatase
         pass
     logger.info("dataset %s: reusing tokenized cache %s", name, path)
     return ds, stats
+
+
+def _check_entry(path: Path) -> None:
+    """COMPLETE lists every file of the entry with its size: one deleted, added or truncated (a partial
+    copy, a cleanup by hand) makes the entry damaged, not a dataset without that column."""
+    listed = json.loads((path / "COMPLETE").read_text())
+    if not isinstance(listed, dict):
+        raise ValueError("COMPLETE lists no files (written by an older lmstack)")
+    found = {p.name: p.stat().st_size for p in path.iterdir() if p.is_file() and p.name != "COMPLETE"}
+    for name in sorted(set(listed) | set(found)):
+        if name not in found:
+            raise ValueError(f"{name} is missing")
+        if name not in listed:
+            raise ValueError(f"{name} was not written with the entry")
+        if found[name] != listed[name]:
+            raise ValueError(f"{name} has {found[name]} bytes, {listed[name]} were written")
 
 
 def clean_stale_tmp(root: Path, max_age: float = STALE_TMP_SECONDS) -> None:
@@ -179,8 +214,8 @@ def clean_stale_tmp(root: Path, max_age: float = STALE_TMP_SECONDS) -> None:
 
 
 def store(key: dict, name: str, dataset: TokenizedDataset, stats: dict) -> None:
-    if len(dataset) == 0:
-        return  # never cache a dataset without a valid record: the user is about to fix it
+    if len(dataset) == 0 or key["parts"]["data"] is None:
+        return  # never cache a dataset without a valid record (the user is about to fix it), nor unknown data
     final = _entry_dir(name, key["digest"])
     final.parent.mkdir(parents=True, exist_ok=True)
     clean_stale_tmp(final.parent)
@@ -188,8 +223,9 @@ def store(key: dict, name: str, dataset: TokenizedDataset, stats: dict) -> None:
     try:
         dataset.save(tmp)
         (tmp / "stats.json").write_text(json.dumps(stats))
-        (tmp / "key.json").write_text(json.dumps(key["parts"], sort_keys=True, default=str))
-        (tmp / "COMPLETE").write_text("ok")
+        (tmp / "key.json").write_text(_key_text(key["parts"]))
+        sizes = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
+        (tmp / "COMPLETE").write_text(json.dumps(sizes, sort_keys=True))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,8 +167,40 @@ def _read_hub(attr: DatasetAttr) -> list[RawRecord]:
     """The real `datasets` hub path (online use only; tests use local files)."""
     import datasets
 
+    # a local folder is read again: datasets' own cache knows its files by mtime, and the content the
+    # tokenized cache was keyed by (source_files) is what must be read
+    local = Path(os.path.expanduser(attr.source)).exists()
+    mode = "force_redownload" if local else None
     try:
-        table = datasets.load_dataset(attr.source, name=attr.subset, data_dir=attr.folder, split=attr.split)
+        table = datasets.load_dataset(
+            attr.source, name=attr.subset, data_dir=attr.folder, split=attr.split, download_mode=mode
+        )
     except Exception as err:  # network, auth, missing split: say which dataset and why
         raise DataError(f"dataset {attr.name}: could not load {attr.source!r} from the hub: {err}") from None
     return [RawRecord(attr.source, f"row {i}", rec) for i, rec in enumerate(table)]
+
+
+def source_files(attr: DatasetAttr) -> tuple[Path, list[Path]] | None:
+    """(root, files) of the data a dataset reads, for content digests (the tokenized cache's key, the
+    run manifest, the resume check). A hub entry reads a local folder (its `hf_hub_url` is a path) or
+    the hub cache's snapshot of the repo (offline, or once downloaded); None when the hub data is not
+    on disk yet (its content cannot be told before loading)."""
+    if attr.load_from == "file":
+        src = Path(attr.source)
+        return (
+            (src.parent, [src]) if src.is_file() else (src, sorted(p for p in src.rglob("*") if p.is_file()))
+        )
+    root = Path(os.path.expanduser(attr.source))
+    if not root.exists():
+        try:
+            from huggingface_hub import snapshot_download
+
+            root = Path(snapshot_download(attr.source, repo_type="dataset", local_files_only=True))
+        except Exception:  # not in the hub cache (or not a repo id): unknown until loaded
+            return None
+    if root.is_file():
+        return root.parent, [root]
+    within = root / attr.folder if attr.folder else root
+    return root, sorted(
+        p for p in within.rglob("*") if p.is_file() and ".cache" not in p.relative_to(root).parts
+    )

@@ -12,6 +12,8 @@ plugins also at least 28 pixels a side and an aspect ratio of at most 200), then
   processor's own smart_resize of that size (Qwen3-VL: the same Qwen2-VL image processor, 16-pixel
   patches, so 32-pixel units after the 2 x 2 merge);
 - llava (LLaVA-1.5): `<image>` x (image_size / patch_size)^2 (+1 with vision_feature_select_strategy full).
+- gemma3 (Gemma 3) and intern_vl (InternVL 2.5 / 3): blocks of image tokens per image, crop or tile
+  (`image_do_pan_and_scan`, `crop_to_patches`): data/mm_tiles.py.
 
 The vision tokens are prompt tokens (label -100, as every prompt token). The encoded sample keeps its
 image paths in an `images` column (JSON text); the collator (mm_collate.py) reads and processes the
@@ -33,6 +35,7 @@ from typing import Any
 from lmstack.config.errors import ConfigError, DataError
 from lmstack.data.encode_common import DropExample
 from lmstack.data.formats import RecordError
+from lmstack.data.mm_tiles import TILED_PLUGINS, image_text
 from lmstack.memory import model_facts
 
 logger = logging.getLogger(__name__)
@@ -44,6 +47,8 @@ MODEL_PLUGINS = {  # model_type -> LLaMA-Factory's mm plugin (the templates name
     "qwen3_vl_moe": "qwen3_vl",
     "llava": "llava",
     "qwen2_audio": "qwen2_audio",
+    "gemma3": "gemma3",
+    "internvl": "intern_vl",
 }
 QWEN_VL_PLUGINS = frozenset({"qwen2_vl", "qwen3_vl"})  # grid-sized image tokens, M-RoPE, smart_resize
 PLUGIN_TOKENS = {  # (before, image token, after) per image, as LLaMA-Factory's mm plugins write them
@@ -51,30 +56,40 @@ PLUGIN_TOKENS = {  # (before, image token, after) per image, as LLaMA-Factory's 
     "qwen3_vl": ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
     "llava": ("", "<image>", ""),
     "qwen2_audio": ("", "", ""),  # no images: its audio tokens are in media_audio.py
+    "gemma3": ("\n\n<start_of_image>", "<image_soft_token>", "<end_of_image>\n\n"),  # mm_tiles.py
+    "intern_vl": ("<img>", "<IMG_CONTEXT>", "</img>"),
 }
 PLUGIN_TEMPLATES = {
     "qwen2_vl": "qwen2_vl",
     "qwen3_vl": "qwen3_vl_nothink (or qwen3_vl)",
     "llava": "llava",
     "qwen2_audio": "qwen2_audio",
+    "gemma3": "gemma3",
+    "intern_vl": "intern_vl",
 }
 SUPPORTED = (
     "qwen2_vl, qwen2_5_vl (template qwen2_vl), qwen3_vl, qwen3_vl_moe (template qwen3_vl_nothink or "
-    "qwen3_vl) and llava (template llava)"
+    "qwen3_vl), llava (template llava), gemma3 (template gemma3) and internvl (template intern_vl)"
 )
 AUDIO_SUPPORTED = "qwen2_audio (template qwen2_audio)"
 VIDEO_SUPPORTED = "qwen2_vl, qwen2_5_vl (template qwen2_vl)"
-# LF's image options that only other families read: field -> (the family LF applies it to, what it does)
+NO_VIDEO_WHY = {  # why an image family lmstack trains reads no videos
+    "gemma3": "Gemma 3 has no video input",
+    "internvl": "InternVL's video path is not built: transformers' InternVLVideoProcessor needs torchvision",
+    "qwen3_vl": "Qwen3-VL's videos (16-pixel patches, frame timestamps in the text) are not built",
+}
+# LF's image options of one family: field -> (the family, what it does, the mm_plugin that reads it)
 FAMILY_IMAGE_OPTIONS = {
-    "image_do_pan_and_scan": ("Gemma 3", "pan-and-scan crops of large images"),
-    "crop_to_patches": ("InternVL", "tiling of each image into patches"),
+    "image_do_pan_and_scan": ("Gemma 3", "pan-and-scan crops of large images", "gemma3"),
+    "crop_to_patches": ("InternVL", "tiling of each image into patches", "intern_vl"),
 }
 MEDIA_KINDS = (
     "media count mismatch", "media outside dataset_dir", "missing media file", "media URL",
     "unreadable media file", "media not supported",
 )  # fmt: skip
 IMAGES_CUT = "image tokens cut by cutoff_len"
-MEDIA_STAGES = ("sft", "dpo")  # dpo: TRL's DPOTrainer with the pixels of each pair (train/dpo.py)
+# dpo: TRL's DPOTrainer with the pixels of each pair (train/dpo.py); grpo: TRL's vision path (train/grpo_media.py)
+MEDIA_STAGES = ("sft", "dpo", "grpo")
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
@@ -92,7 +107,8 @@ class MediaSpec:
     min_pixels: int = 0  # qwen2_vl / qwen3_vl: the image processor's own resize bounds
     max_pixels: int = 0
     image_seqlen: int = 0  # llava: tokens per image
-    image_size: int = 0  # llava: the square the processor crops every image to
+    image_size: int = 0  # llava: the square the processor crops every image to; gemma3 / intern_vl: a tile
+    tiling: tuple = ()  # gemma3 / intern_vl: the image processor's crop settings (data/mm_tiles.py)
     video: Any = None  # media_video.VideoSpec of a model that reads videos (Qwen2-VL, Qwen2.5-VL)
     audio: Any = None  # media_audio.AudioSpec of a model that reads audio (Qwen2-Audio)
 
@@ -135,6 +151,10 @@ def media_spec(cfg: Any) -> MediaSpec | None:
         extra = 1 if config.get("vision_feature_select_strategy", "default") == "full" else 0
         seqlen = (size // patch) ** 2 + extra
         return MediaSpec("llava", patch_size=patch, image_seqlen=seqlen, image_size=size, **common)
+    if MODEL_PLUGINS[kind] in TILED_PLUGINS:
+        from lmstack.data.mm_tiles import tile_spec
+
+        return MediaSpec(**tile_spec(str(path), config, d, MODEL_PLUGINS[kind]), **common)
     from transformers import AutoImageProcessor
 
     proc = AutoImageProcessor.from_pretrained(path)
@@ -143,7 +163,7 @@ def media_spec(cfg: Any) -> MediaSpec | None:
 
     return MediaSpec(
         MODEL_PLUGINS[kind],
-        # Qwen3-VL's videos (16-pixel patches, frame timestamps in the text) are not built: images only
+        # Qwen3-VL's videos are not built (NO_VIDEO_WHY): images only
         video=video_spec(str(path), d, kind) if MODEL_PLUGINS[kind] == "qwen2_vl" else None,
         patch_size=proc.patch_size,
         merge_size=proc.merge_size,
@@ -168,13 +188,13 @@ def check_media_datasets(
         logger.warning(
             "%s: no effect on the text model %s", " / ".join(changed), cfg.model.model_name_or_path
         )
-    for name, (family, what) in FAMILY_IMAGE_OPTIONS.items():
-        if getattr(cfg.data, name):
+    for name, (family, what, plugin) in FAMILY_IMAGE_OPTIONS.items():
+        if getattr(cfg.data, name) and (spec is None or spec.plugin != plugin):
             model = f"this {spec.model_type} model" if spec else f"model {cfg.model.model_name_or_path}"
             raise ConfigError(
                 f"{name}: true is {family}'s {what} in LLaMA-Factory, and {model} has no such option "
-                f"(lmstack reads images for model types {SUPPORTED}; none of them has it); set {name}: false "
-                "or remove it"
+                f"(lmstack reads images for model types {SUPPORTED}; of them only {family} has it); set "
+                f"{name}: false or remove it"
             )
     av_fields = {
         "video": ("video_max_pixels", "video_min_pixels", "video_fps", "video_maxlen"),
@@ -221,8 +241,9 @@ def check_media_datasets(
         if sets and not ok:
             raise DataError(
                 f"dataset {', '.join(sets)} has {noun} input, but {cfg.model.model_name_or_path} is a "
-                f"{spec.model_type} model, which lmstack feeds no {noun}s; {noun} input works with model "
-                f"types {supported}"
+                f"{spec.model_type} model, which lmstack feeds no {noun}s"
+                + (f" ({NO_VIDEO_WHY[spec.model_type]})" if noun == "video" and spec.model_type in NO_VIDEO_WHY else "")
+                + f"; {noun} input works with model types {supported}"
             )
     if cfg.finetuning.stage not in MEDIA_STAGES or (cfg.finetuning.stage != "sft" and (videos or audios)):
         allowed = " or ".join(MEDIA_STAGES) if not (videos or audios) else "sft"
@@ -317,7 +338,7 @@ def regularize(image: Any, spec: MediaSpec) -> Any:
 
 def model_input_size(width: int, height: int, spec: MediaSpec) -> tuple[int, int]:
     """(width, height) the vision tower sees: the processor's resize of a regularized image."""
-    if spec.plugin == "llava":
+    if spec.plugin == "llava" or spec.plugin in TILED_PLUGINS:  # one square (a tile of it: mm_tiles.py)
         return spec.image_size, spec.image_size
     try:  # transformers >= 5.2x: the PIL backend's module; before: the one image processor module
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
@@ -335,6 +356,10 @@ def image_seqlen(width: int, height: int, spec: MediaSpec) -> int:
     """Image tokens the processor writes for a `width` x `height` image (after regularized_size)."""
     if spec.plugin == "llava":
         return spec.image_seqlen
+    if spec.plugin in TILED_PLUGINS:
+        from lmstack.data.mm_tiles import image_seqlen as tiled_seqlen
+
+        return tiled_seqlen(width, height, spec)
     w, h = model_input_size(width, height, spec)
     return (h // spec.patch_size) * (w // spec.patch_size) // spec.merge_size**2
 
@@ -381,11 +406,10 @@ def expand_example(example: dict, spec: MediaSpec) -> tuple[dict, list[str], int
 
 def expand_text(text: str, counts: list[int], spec: MediaSpec) -> str:
     """`text` with its `<image>` placeholders replaced, in order, by that many image tokens each."""
-    before, token, after = spec.tokens
     parts = text.split(IMAGE_PLACEHOLDER)
     if len(parts) - 1 != len(counts):
         raise ValueError(f"{len(parts) - 1} {IMAGE_PLACEHOLDER} placeholder(s) for {len(counts)} image(s)")
-    return parts[0] + "".join(before + token * n + after + part for n, part in zip(counts, parts[1:]))
+    return parts[0] + "".join(image_text(n, spec) + part for n, part in zip(counts, parts[1:]))
 
 
 def finish_sample(sample: dict, paths: list[str], tokens: int, spec: MediaSpec, tokenizer: Any) -> dict:
@@ -477,4 +501,8 @@ def inference_messages(messages: list[dict], images: list[Any], spec: MediaSpec)
 
 def pixel_inputs(images: list[Any], spec: MediaSpec, image_processor: Any) -> dict:
     """The model inputs of regularized PIL images (pixel_values, + image_grid_thw for the Qwen-VLs)."""
+    if images and spec.plugin in TILED_PLUGINS:
+        from lmstack.data.mm_tiles import pixel_inputs as tiled_inputs
+
+        return tiled_inputs(images, spec, image_processor)[0]
     return dict(image_processor(images=images, return_tensors="pt")) if images else {}

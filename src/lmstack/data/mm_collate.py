@@ -3,7 +3,8 @@ the batch's images from the model's image processor (Qwen2-VL / Qwen3-VL: `pixel
 `image_grid_thw`; LLaVA: `pixel_values` [images, 3, H, W]). No position ids: the model computes its
 own (the Qwen-VLs' 3D rope index from input_ids, image_grid_thw and the attention mask; Qwen3-VL, and
 Qwen2-VL in transformers >= 5.2x, also want `mm_token_type_ids`, 1 at the image tokens, as their
-processors return them)."""
+processors return them). Gemma 3 and InternVL: `pixel_values` of every crop / tile (data/mm_tiles.py),
+and Gemma 3's `token_type_ids`."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from lmstack.config.errors import DataError
 from lmstack.data.mm import QWEN_VL_PLUGINS, MediaSpec, load_image
+from lmstack.data.mm_tiles import TILED_PLUGINS, token_types
 from lmstack.data.padding import pad_right
 
 
@@ -35,22 +37,36 @@ class MediaCollator:
         per_sample = [json.loads(f.get("images") or "[]") for f in features]
         paths = [p for sample in per_sample for p in sample]
         if paths:
-            images = [load_image(p, self.spec) for p in paths]
-            batch.update(self.image_processor(images=images, return_tensors="pt"))
-            self._check_tokens(ids, per_sample, batch.get("image_grid_thw"))
+            self.add_pixels(batch, paths, per_sample)
         if self.av is not None:
             self.av.add(batch, features)
         return batch
 
-    def _check_tokens(self, ids: Any, per_sample: list[list[str]], grid: Any) -> None:
+    def add_pixels(self, batch: dict, paths: list[str], per_sample: list[list[str]]) -> None:
+        """The pixels of the batch's images (in sample order) and, for Gemma 3, its token types."""
+        images = [load_image(p, self.spec) for p in paths]
+        if self.spec.plugin in TILED_PLUGINS:
+            from lmstack.data.mm_tiles import pixel_inputs
+
+            inputs, counts = pixel_inputs(images, self.spec, self.image_processor)
+        else:
+            inputs = dict(self.image_processor(images=images, return_tensors="pt"))
+            grid = inputs.get("image_grid_thw")
+            counts = (
+                [n // self.spec.merge_size**2 for n in grid.prod(-1).tolist()]
+                if grid is not None
+                else [self.spec.image_seqlen] * len(images)
+            )
+        batch.update(inputs)
+        batch.update(token_types(batch["input_ids"], self.spec, self.image_token_id))
+        self._check_tokens(batch["input_ids"], per_sample, counts)
+
+    def _check_tokens(self, ids: Any, per_sample: list[list[str]], counts: list[int]) -> None:
         """Each sample holds as many image tokens as the processor now makes for its images (an image
         file replaced by one of another size after tokenizing would otherwise fail deep in the model)."""
-        rows = iter(grid.prod(-1).tolist() if grid is not None else [])
+        rows = iter(counts)
         for i, paths in enumerate(per_sample):
-            want = sum(
-                next(rows) // self.spec.merge_size**2 if grid is not None else self.spec.image_seqlen
-                for _ in paths
-            )
+            want = sum(next(rows) for _ in paths)
             have = int((ids[i] == self.image_token_id).sum())
             if have != want:
                 raise DataError(
@@ -87,10 +103,8 @@ class PreferenceMediaCollator:
         per_sample = [json.loads(f.get("image_paths") or "[]") for f in features] * 2
         paths = [p for sample in per_sample for p in sample]
         if paths:
-            images = [load_image(p, self.media.spec) for p in paths]
-            batch.update(self.media.image_processor(images=images, return_tensors="pt"))
+            self.media.add_pixels(batch, paths, per_sample)
             ids = batch["input_ids"]
-            self.media._check_tokens(ids, per_sample, batch.get("image_grid_thw"))
             if self.media.token_types:
                 batch["mm_token_type_ids"] = (ids == self.media.image_token_id).long()
         return batch

@@ -30,13 +30,16 @@ from lmstack.data.mix import mix_datasets, parse_probs
 from lmstack.data.mm import check_media_datasets, check_media_template, media_spec, raise_media_problems
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.stats import (
+    MAX_CONTROL_SHOWN,
     DataBundle,
     DatasetStats,
     check_ranking,
+    control_chars_in,
     encode_options,
     log_stats,
     no_valid_samples,
     placeholders_in,
+    strict_refusal,
 )
 from lmstack.data.tokenized import TokenizedDataset
 
@@ -61,6 +64,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int, 
     problems: list[tuple] = []
     truncated = fields_cut = 0
     placeholders: Counter = Counter()
+    control: list[tuple[int, list[str]]] = []
     for i in range(*bounds):
         raw = records[i]
         if raw.error:
@@ -77,6 +81,8 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int, 
         truncated += bool(was_cut)
         fields_cut += n_cut
         placeholders.update(placeholders_in(raw.data))
+        if chars := control_chars_in(raw.data):
+            control.append((i, sorted(chars)))
         for key, value in sample.items():
             if isinstance(value, list | tuple):
                 flat.setdefault(key, array("i")).extend(value)
@@ -84,7 +90,7 @@ def _encode_range(bounds: tuple[int, int]) -> tuple[dict, dict, list, int, int, 
             else:
                 dense.setdefault(key, []).append(value)
     ragged = {k: (np.frombuffer(v, dtype=np.int32), lengths[k]) for k, v in flat.items()}
-    return ragged, dense, problems, truncated, fields_cut, placeholders
+    return ragged, dense, problems, truncated, fields_cut, placeholders, control
 
 
 def _chunks(n: int, size: int) -> list[tuple[int, int]]:
@@ -120,7 +126,7 @@ def encode_records(
         _JOB.clear()
     ragged: dict[str, tuple[list, list]] = {}
     dense: dict[str, list] = {}
-    for part_ragged, part_dense, problems, truncated, fields_cut, placeholders in results:
+    for part_ragged, part_dense, problems, truncated, fields_cut, placeholders, control in results:
         for key, (values, lens) in part_ragged.items():
             ragged.setdefault(key, ([], []))
             ragged[key][0].append(values)
@@ -130,6 +136,12 @@ def encode_records(
         stats.truncated += truncated
         stats.fields_cut += fields_cut
         stats.placeholders.update(placeholders)
+        stats.control_records += len(control)
+        room = MAX_CONTROL_SHOWN - len(stats.control)
+        stats.control += [
+            {"file": records[i].file, "position": records[i].position, "chars": c}
+            for i, c in control[: max(room, 0)]
+        ]
         for idx, fld, kind, reason in problems:
             raw = records[idx]
             stats.dropped[kind] += 1
@@ -265,6 +277,11 @@ def check_data_args(cfg: Config) -> None:
             "max_steps: streaming: true needs max_steps > 0 (a stream has no length, so the number of "
             "epochs cannot be turned into steps); set max_steps"
         )
+    if d.streaming and d.strict:
+        raise ConfigError(
+            "strict: not available with streaming: true (records are read while training, so a dropped "
+            "one cannot refuse the run up front); run `lmstack check --strict` on the data instead"
+        )
     if d.eval_dataset and d.val_size > 0:
         raise ConfigError("val_size and eval_dataset: set only one of them")
     if d.interleave_probs is not None and d.mix_strategy == "concat":
@@ -311,6 +328,9 @@ def build_datasets(cfg: Config, tokenizer: Any, template: Any) -> DataBundle:
         evals = evals if len(evals) else None
     else:
         train, evals = split_validation(train, cfg.data.val_size, cfg.training.seed)
+    refusal = strict_refusal(stats) if cfg.data.strict else None
+    if refusal is not None:
+        raise refusal
     logger.info(
         "training data: %d samples, %d trainable tokens%s",
         len(train),

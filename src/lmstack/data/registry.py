@@ -110,10 +110,12 @@ def read_registry(dataset_dir: str | Path) -> tuple[Path, dict[str, Any]]:
 
 
 def read_utf8(path: Path) -> str:
-    """The file's text; a file that is not UTF-8 is refused naming the byte offset (and its line)."""
+    """The file's text, a leading UTF-8 byte-order mark dropped (Windows editors write one; `json`
+    refuses it and JSON-lines reading would then drop every record); a file that is not UTF-8 is
+    refused naming the byte offset (and its line)."""
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise DataError(

@@ -32,6 +32,8 @@ class DatasetStats:
     fields_cut: int = 0  # text fields cut to field_chars characters before tokenizing
     field_chars: int = 0
     placeholders: Counter = field(default_factory=Counter)  # "{{name}}" -> kept records holding it
+    control: list[dict] = field(default_factory=list)  # kept records with control characters (first ones)
+    control_records: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -44,6 +46,8 @@ class DatasetStats:
             "fields_cut": self.fields_cut,
             "field_chars": self.field_chars,
             "placeholders": dict(self.placeholders),
+            "control": self.control,
+            "control_records": self.control_records,
         }
 
     @classmethod
@@ -58,6 +62,8 @@ class DatasetStats:
             d.get("fields_cut", 0),  # absent from the reports written before the bound existed
             d.get("field_chars", 0),
             Counter(d.get("placeholders", {})),
+            d.get("control", []),
+            d.get("control_records", 0),
         )
 
 
@@ -72,6 +78,24 @@ def format_problem(p: dict) -> str:
     """`file line 3, field conversations[1].from: unknown role: 'bot'; known: ...` (check and train)."""
     where = f"{p['file']} {p['position']}" + (f", field {p['field']}" if p.get("field") else "")
     return f"{where}: {p['reason']}"
+
+
+def strict_refusal(all_stats: list[DatasetStats]) -> DataError | None:
+    """`strict: true` (`lmstack train --strict`): any dropped record refuses the run, every one listed
+    (as `lmstack check --strict` fails on any problem); None when nothing was dropped."""
+    problems = [p for s in all_stats for p in s.problems]
+    if not problems:
+        return None
+    shown = problems[:MAX_LOGGED_PROBLEMS]
+    more = (
+        f"\n  ... and {len(problems) - len(shown)} more (all listed by `lmstack check`)"
+        if len(problems) > len(shown)
+        else ""
+    )
+    return DataError(
+        f"strict: {len(problems)} record(s) would be dropped from the data; fix them (or leave out --strict / "
+        "strict: true to train on the rest):\n" + "\n".join(f"  {format_problem(p)}" for p in shown) + more
+    )
 
 
 def format_dropped(stats: DatasetStats) -> str:
@@ -109,6 +133,35 @@ def placeholder_warning(stats: DatasetStats) -> str:
     )
 
 
+WHOLE_TEXT = 1 << 30  # cutoff_len of a whole-record encode (`lmstack check`, and pt texts on packed rows)
+
+
+# C0 controls but tab/newline/carriage return, and DEL: invisible in a terminal (ESC even rewrites it)
+CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+MAX_CONTROL_SHOWN = 5
+
+
+def control_chars_in(record: Any) -> set[str]:
+    """The control characters (as U+XXXX) in a record's strings: trained as written, never meant."""
+    if isinstance(record, str):
+        return {f"U+{ord(c):04X}" for c in CONTROL.findall(record)}
+    values = record.values() if isinstance(record, dict) else record if isinstance(record, list) else ()
+    return set().union(*(control_chars_in(v) for v in values))
+
+
+def control_warning(stats: DatasetStats) -> str:
+    where = "; ".join(f"{c['file']} {c['position']} ({', '.join(c['chars'])})" for c in stats.control)
+    more = (
+        f" and {stats.control_records - len(stats.control)} more"
+        if stats.control_records > len(stats.control)
+        else ""
+    )
+    return (
+        f"dataset {stats.name}: {stats.control_records} kept records hold control characters, which are "
+        f"tokenized and trained as written: {where}{more}; remove them from the data if not intended"
+    )
+
+
 def truncation_warning(stats: DatasetStats, cutoff_len: int) -> str:
     """A warning, not a note: rows cut to cutoff_len lose the answer's end (LF truncates silently,
     and a small cutoff_len can leave one trained token a row)."""
@@ -120,21 +173,28 @@ def truncation_warning(stats: DatasetStats, cutoff_len: int) -> str:
 
 
 def log_stats(stats: DatasetStats, cutoff_len: int) -> None:
+    # texts encoded whole (pt on packed rows): nothing is cut here, the cutoff_len pieces come later
+    cut = (
+        "texts kept whole (split into cutoff_len pieces next)"
+        if cutoff_len >= WHOLE_TEXT
+        else f"{stats.truncated} truncated to cutoff_len={cutoff_len}"
+    )
     logger.info(
-        "dataset %s: %d records, %d kept, %d dropped (%s), %d truncated to cutoff_len=%d%s",
+        "dataset %s: %d records, %d kept, %d dropped (%s), %s%s",
         stats.name,
         stats.records,
         stats.kept,
         sum(stats.dropped.values()),
         format_dropped(stats),
-        stats.truncated,
-        cutoff_len,
+        cut,
         format_fields_cut(stats),
     )
     if stats.truncated:
         logger.warning("%s", truncation_warning(stats, cutoff_len))
     if stats.placeholders:
         logger.warning("%s", placeholder_warning(stats))
+    if stats.control_records:
+        logger.warning("%s", control_warning(stats))
     for p in stats.problems[:MAX_LOGGED_PROBLEMS]:
         logger.warning("  %s", format_problem(p))
     if len(stats.problems) > MAX_LOGGED_PROBLEMS:

@@ -31,8 +31,11 @@ from lmstack.data.mm_av import av_stats, format_av
 from lmstack.data.pipeline import check_data_args, encode_records, load_one, read_limited
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.stats import (
+    CONTROL,
+    WHOLE_TEXT,
     DatasetStats,
     check_ranking,
+    control_warning,
     encode_options,
     format_dropped,
     format_fields_cut,
@@ -42,7 +45,6 @@ from lmstack.data.stats import (
 )
 from lmstack.data.tokenized import TokenizedDataset
 
-WHOLE_TEXT = 1 << 30  # cutoff_len of a whole-record encode; train/pt.py encodes its texts with the same
 MAX_PRINTED_PROBLEMS = 50
 
 
@@ -206,9 +208,14 @@ def _totals(datasets: list[dict]) -> dict:
 TRAINED_TTY, MASKED_TTY, RESET = "\033[1;32m", "\033[2m", "\033[0m"
 
 
+def _visible(text: str) -> str:
+    """Control characters shown escaped (`\\x1b`): printed raw they vanish or drive the terminal."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def render_example(segments: list[dict], color: bool) -> str:
     out = []
-    for seg in segments:
+    for seg in ({**s, "text": _visible(s["text"])} for s in segments):
         if seg["trained"]:
             out.append(f"{TRAINED_TTY}{seg['text']}{RESET}" if color else f"«{seg['text']}»")
         else:
@@ -248,6 +255,8 @@ def format_report(report: dict, color: bool = False) -> str:
             )
         if d.get("placeholders"):
             lines.append(f"    warning: {placeholder_warning(DatasetStats.from_dict(d))}")
+        if d.get("control_records"):
+            lines.append(f"    warning: {control_warning(DatasetStats.from_dict(d))}")
         lines.extend(format_av(key, d[key]) for key in ("videos", "audios") if key in d)
         for p in d["problems"][:MAX_PRINTED_PROBLEMS]:
             lines.append(f"    problem: {format_problem(p)}")

@@ -29,14 +29,30 @@ from lmstack.infer.trained import NO_OUTPUT_DIR, resolve_trained_model
 logger = logging.getLogger(__name__)
 
 
-def load_infer_config(path: str | Path | None, overrides: list[str] | dict | None = None) -> Config:
-    """The same YAML as `lmstack train`, for chat/api/export: with adapter_name_or_path unset, what
-    training wrote to `output_dir` is used (`resolve_trained_model`); `output_dir` may be left out."""
+def _infer_config(path: str | Path | None, overrides: list[str] | dict | None) -> Config:
     flat = load_yaml(path) if path is not None else {}
     flat.update(overrides if isinstance(overrides, dict) else parse_overrides(list(overrides or [])))
     if flat.get("output_dir") in (None, ""):
         flat["output_dir"] = NO_OUTPUT_DIR
-    return resolve_trained_model(build_config(flat))
+    return build_config(flat)
+
+
+def load_infer_config(path: str | Path | None, overrides: list[str] | dict | None = None) -> Config:
+    """The same YAML as `lmstack train`, for chat/api/export: with adapter_name_or_path unset, what
+    training wrote to `output_dir` is used (`resolve_trained_model`); `output_dir` may be left out."""
+    return resolve_trained_model(_infer_config(path, overrides))
+
+
+def keep_unused_out(path: str | Path | None, overrides: list[str] | dict | None = None) -> list[str]:
+    """`lmstack chat/api/export` (a process of the command's own): the installed packages the config's
+    inference never reaches are kept out of the process (launch/keep_out.py). Returns them."""
+    from lmstack.launch.context import LaunchContext
+    from lmstack.launch.keep_out import keep_out
+    from lmstack.plan.decide_host import inference_kept_out
+
+    return keep_out(
+        inference_kept_out(_infer_config(path, overrides), LaunchContext.from_env(probe_cuda=False))
+    )
 
 
 def adapter_dirs(cfg: Config) -> list[str]:
@@ -49,8 +65,8 @@ def check_inference(cfg: Config) -> None:
     from lmstack.templates import get_template
 
     check_model_path(cfg)
-    if cfg.data.template:
-        get_template(cfg.data.template)
+    if cfg.data.template or cfg.data.escape_special_tokens_in_content:
+        get_template(cfg.data.template, escape_content=cfg.data.escape_special_tokens_in_content)
     adapters = adapter_dirs(cfg)
     if adapters and cfg.finetuning.finetuning_type != "lora":
         raise ConfigError(
@@ -64,11 +80,32 @@ def check_inference(cfg: Config) -> None:
                 f"adapter_name_or_path: {path} has no adapter_config.json; give the output_dir (or a "
                 "checkpoint-N folder) of a LoRA run"
             )
+    _refuse_unfinished(cfg, adapters)
     if cfg.model.quantization_bit is not None:
         raise ConfigError(
             f"quantization_bit: got {cfg.model.quantization_bit}; chat/api/export load the base unquantized "
             "and merge the adapters into it — remove quantization_bit"
         )
+
+
+def _refuse_unfinished(cfg: Config, adapters: list[str]) -> None:
+    """A run's output_dir whose final save did not finish, or an export that does not verify."""
+    from lmstack.reliability import atomic_dir, final_outputs
+
+    for field, where in [
+        ("model_name_or_path", cfg.model.model_name_or_path),
+        *(("adapter_name_or_path", a) for a in adapters),
+    ]:
+        folder = Path(where).expanduser()
+        if not folder.is_dir():
+            continue
+        reason = final_outputs.incomplete(folder) or atomic_dir.incomplete(folder, "export")
+        if reason:
+            raise ConfigError(
+                f"{field}: {where}: {reason}; its files may be a mix of complete and truncated ones. Finish "
+                "the run (resume_from_checkpoint: auto writes the final outputs again from its last "
+                "checkpoint) or load one of its checkpoint-N folders"
+            )
 
 
 def inference_dtype(cfg: Config) -> Any:
@@ -90,12 +127,19 @@ def inference_dtype(cfg: Config) -> Any:
 def load_tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
     """The tokenizer fixed by the training template, and the template."""
     from lmstack.models.load import load_tokenizer
-    from lmstack.templates import get_template
+    from lmstack.templates import TokenizerTemplate, get_template
 
     tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
+    template = get_template(
+        cfg.data.template,
+        tokenizer,
+        thinking_style=cfg.data.thinking_style,
+        escape_content=cfg.data.escape_special_tokens_in_content,
+    )
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
+    if isinstance(template, TokenizerTemplate):  # a looping or refused chat template stops here
+        template.probe(tokenizer)
     return tokenizer, template
 
 
@@ -128,7 +172,9 @@ def load_for_inference(cfg: Config, device: str) -> tuple[Any, Any, Any]:
         if not cfg.model.resize_vocab:
             raise ConfigError(
                 f"the tokenizer has {len(tokenizer)} tokens (after template {template.name!r} added its stop "
-                f"words) but the model's embedding has {rows} rows; set resize_vocab: true as in training"
+                f"words) but the model's embedding has {rows} rows: the template is not the one this model "
+                "was trained with (set that one; `lmstack check` on the training YAML names the tokenizer's "
+                "own), or training added the tokens with resize_vocab: true (set it here too)"
             )
         model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
     model.to(device)

@@ -4,11 +4,17 @@ export_dir gets: `model*.safetensors` (sharded by `export_size` GB, + index when
 `config.json`, `generation_config.json` (eos = the template's stop tokens), the tokenizer with a
 chat template that renders the training template (`chat_template.jinja`), an Ollama `Modelfile`, and
 `value_head.safetensors` for reward models. Full/freeze runs re-export the same way (no adapters).
+
+The export is written whole into a staging folder beside export_dir and swapped in at once
+(reliability/atomic_dir.py), with a manifest.json (`kind: export`): a re-export never leaves an
+earlier export's weights behind (a one-file model.safetensors beside new shards is what transformers
+would load), and a kill leaves the previous export or the new one, never a mix.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,9 +28,23 @@ from lmstack.infer.engine import (
     load_infer_config,
     stop_token_ids,
 )
+from lmstack.models.adapter_save import follow_umask
 
 logger = logging.getLogger(__name__)
 VALUE_HEAD_FILES = ("value_head.safetensors", "value_head.bin")
+EXPORT_KIND = "export"
+# What an export (this one, an older lmstack's, transformers' save_pretrained) writes: an earlier
+# export without a manifest loses these on a re-export; any other file in export_dir is kept.
+_EXPORT_OUTPUT = re.compile(
+    r"^(model[-.].*safetensors(\.index\.json)?|pytorch_model.*\.bin(\.index\.json)?|config\.json|"
+    r"generation_config\.json|tokenizer.*|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)|"
+    r"merges\.txt|chat_template\.(jinja|json)|Modelfile|value_head\.(safetensors|bin)|"
+    r"(video_)?(pre)?processor_config\.json)$"
+)
+
+
+def is_export_output(name: str) -> bool:
+    return bool(_EXPORT_OUTPUT.match(name))
 
 
 def check_export(cfg: Config) -> Path:
@@ -39,6 +59,10 @@ def check_export(cfg: Config) -> Path:
     sources = [cfg.model.model_name_or_path, *adapter_dirs(cfg)]
     if any(Path(s).exists() and Path(s).resolve() == out.resolve() for s in sources):
         raise ConfigError(f"export_dir: {out} is the model or adapter being exported; choose another folder")
+    from lmstack.reliability.path_guards import check_writable, refuse_overlap
+
+    check_writable("export_dir", str(out))
+    refuse_overlap(cfg, "export_dir", str(out), "The export replaces the model files in export_dir")
     if out.is_dir() and any(out.iterdir()) and not cfg.export.export_overwrite:
         raise ConfigError(
             f"export_dir: {out} is not empty; set export_overwrite: true to write into it, "
@@ -64,6 +88,7 @@ def write_export(cfg: Config, model: Any, tokenizer: Any, template: Any, out: Pa
     model.generation_config.eos_token_id = stops[0] if len(stops) == 1 else stops
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out, max_shard_size=int(cfg.export.export_size * 10**9))
+    follow_umask(out)  # safetensors writes its files 0600; the umask decides, as for every other file
     if isinstance(template, Template):
         tokenizer.chat_template = to_jinja(template)
         (out / "Modelfile").write_text(ollama_modelfile(template, tokenizer, stops), encoding="utf-8")
@@ -92,7 +117,11 @@ def export(config_path: str | Path | None, overrides: list[str] | dict | None = 
     out = check_export(cfg)
     device = "cuda" if cfg.export.export_device == "auto" and torch.cuda.is_available() else "cpu"
     model, tokenizer, template = load_for_inference(cfg, device)
-    write_export(cfg, model, tokenizer, template, out)
+    from lmstack.reliability import atomic_dir
+
+    staged = atomic_dir.begin(out)
+    write_export(cfg, model, tokenizer, template, staged)
+    atomic_dir.commit(staged, out, {"kind": EXPORT_KIND}, is_export_output)
     shards = sorted(p.name for p in out.glob("model*.safetensors"))
     logger.info(
         "exported %s%s to %s (%s, %d shard%s)",

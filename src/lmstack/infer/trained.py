@@ -49,6 +49,7 @@ def resolve_trained_model(cfg: Config) -> Config:
         )
         return cfg
     path, kind = Path(out).expanduser(), cfg.finetuning.finetuning_type
+    _refuse_two_runs(path, kind)
     if has_adapter(path) and kind == "lora":
         check_adapter_base(path, model.model_name_or_path)
         logger.info("adapter_name_or_path is unset: using the LoRA adapter trained in output_dir %s", out)
@@ -70,6 +71,52 @@ def resolve_trained_model(cfg: Config) -> Config:
         model.model_name_or_path,
     )
     return cfg
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+FULL_FILES = ("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json")
+
+
+def last_run_kind(path: Path) -> str | None:
+    """finetuning_type of the last run that finished in `path` (its lmstack_config.yaml), None unknown."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((path / "lmstack_config.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+    kind = saved.get("finetuning_type", "lora") if isinstance(saved, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def _refuse_two_runs(path: Path, kind: str) -> None:
+    """An adapter and full weights side by side: outputs of two runs (a LoRA run, then a full one into
+    the same folder without the overwrite cleanup). Loading either could load the stale one, and the
+    folder does not load as a model while adapter_config.json is in it (transformers then loads the
+    adapter), so the hint names the stale files to delete, from the last run's lmstack_config.yaml."""
+    if not (has_adapter(path) and has_full_weights(path)):
+        return
+    last = last_run_kind(path)
+    if last == "lora" == kind:
+        return  # the adapter is the last run's: it is what the YAML asks for
+    if last is None:
+        stale = (
+            f"delete the files of the run you do not want: {', '.join(ADAPTER_FILES)} (the adapter) or "
+            f"{', '.join(FULL_FILES)} (the full weights)"
+        )
+    else:
+        old = FULL_FILES if last == "lora" else ADAPTER_FILES
+        stale = (
+            f"its lmstack_config.yaml says the last run was finetuning_type: {last}, so "
+            f"{'the full weights are' if last == 'lora' else 'the adapter is'} left from an earlier run: "
+            f"delete {', '.join(old)} from {path}"
+            + (f" and set finetuning_type: {last}" if (last == "lora") != (kind == "lora") else "")
+        )
+    raise ConfigError(
+        f"output_dir: {path} holds both a LoRA adapter (adapter_config.json) and full model weights "
+        f"(config.json + model*.safetensors), the outputs of two runs; {stale}. A run with "
+        "overwrite_output_dir: true removes the outputs an earlier lmstack run wrote, so this cannot recur"
+    )
 
 
 def _refuse_other_kind(path: Path, kind: str) -> None:

@@ -1,4 +1,5 @@
-"""Images at inference for the vision models lmstack trains (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA): the terminal
+"""Images at inference for the vision models lmstack trains (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Gemma 3,
+InternVL): the terminal
 chat's `/image PATH` command (and `/video PATH` for Qwen2-VL / Qwen2.5-VL, `/audio PATH` for
 Qwen2-Audio, prepared as training prepares them: data/mm_av.py), and OpenAI `image_url` content parts
 (a local file or a data URL) for the API. The prompt is built as training builds it (data/mm.py: LLaMA-Factory's resize, the
@@ -178,6 +179,10 @@ class VisionInputs:
             types = (input_ids == self.image_token_id).long()
             types[input_ids == engine.tokenizer.convert_tokens_to_ids(VIDEO_TOKENS[1])] = 2
             inputs["mm_token_type_ids"] = types
+        if extra:  # Gemma 3's token_type_ids (1 at its image soft tokens)
+            from lmstack.data.mm_tiles import token_types
+
+            inputs.update(token_types(input_ids, self.spec, self.image_token_id))
         kwargs = self._generate_kwargs(sampling, cancel)
         with self.lock, torch.inference_mode():
             if not sampling.greedy and sampling.seed is not None:

@@ -81,6 +81,8 @@ class LaunchContext:
     alloc_conf: tuple[str, str] | None = None
     nccl_register_hook: bool = False  # NCCL_REGISTER_HOOK_VAR is on
     cpu_count: int = 1  # cores this process may run on (its affinity mask), shared by the node
+    # `lmstack plan`'s machine planned for, in words, when it is not this one (its GPU is not visible)
+    planned_for: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, probe_cuda: bool = True) -> LaunchContext:

@@ -18,7 +18,9 @@ OUTPUT_HEAD_NAMES = ("lm_head", "embed_out", "output_layer")
 
 # the composite vision-language model types (models/vision.py COMPOSITE's keys; a unit test holds them equal):
 # counted with AutoModelForImageTextToText so the vision tower is counted too
-VISION_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava", "qwen2_audio"})
+VISION_MODEL_TYPES = frozenset(
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "llava", "qwen2_audio", "gemma3", "internvl"}
+)
 # of those, the ones AutoModelForImageTextToText does not map: their own class (its audio tower counted)
 OWN_CLASS = {"qwen2_audio": "Qwen2AudioForConditionalGeneration"}
 

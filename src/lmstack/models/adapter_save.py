@@ -10,10 +10,11 @@ rather than from the Trainer's adapter-only FSDP state dict, which PEFT filled b
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
-from lmstack.config.errors import LmstackError
+from lmstack.config.errors import ConfigError, LmstackError
 from lmstack.launch.dist import barrier, world_size
 
 logger = logging.getLogger(__name__)
@@ -185,6 +186,33 @@ def is_fsdp_peft(trainer: Any) -> bool:
     )
 
 
+def _umask() -> int:
+    """This process's umask, read without setting it where the OS says it (Linux: /proc)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(folder: str | Path) -> list[Path]:
+    """Weight files in `folder` (and its subfolders) get the mode the umask gives any new file: safetensors
+    (0.8) writes them through a private temporary file, 0600, so a model saved for a team was readable by
+    its owner alone. Only *.safetensors with mode 0600 are changed (lmstack's secret-holding YAMLs stay
+    0600). Returns the files changed."""
+    mode = 0o666 & ~_umask()
+    changed = []
+    for path in Path(folder).rglob("*.safetensors"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600 != mode:
+            path.chmod(mode)
+            changed.append(path)
+    return changed
+
+
 def save_model(trainer: Any) -> None:
     """trainer.save_model(), with the FSDP adapter path and a check of what was written."""
     output_dir = trainer.args.output_dir
@@ -195,6 +223,37 @@ def save_model(trainer: Any) -> None:
             trainer.processing_class.save_pretrained(output_dir)
     else:
         trainer.save_model()
+    if trainer.is_world_process_zero():
+        follow_umask(output_dir)
     if peft and trainer.is_world_process_zero():
         count = check_adapter_file(output_dir)
         logger.info("adapter saved: %d tensors in %s", count, Path(output_dir) / ADAPTER_FILE)
+
+
+PICKLED_ADAPTER = "adapter_model.bin"
+
+
+def check_adapter_files(adapters: str | None) -> None:
+    """A local adapter saved only as a pickle (`adapter_model.bin`) must hold plain tensors: PEFT
+    reads it with torch.load(weights_only=True), which refuses anything else after the model loaded.
+    Read here the same way, before anything loads, so the refusal says what to do."""
+    import pickle
+
+    import torch
+
+    for name in [a.strip() for a in (adapters or "").split(",") if a.strip()]:
+        folder = Path(name)
+        pickled = folder / PICKLED_ADAPTER
+        if (folder / ADAPTER_FILE).is_file() or not pickled.is_file():
+            continue
+        try:
+            torch.load(pickled, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError):
+            raise ConfigError(
+                f"adapter_name_or_path: {pickled} holds pickled objects that are not plain tensors "
+                f"(torch.load with weights_only=True refuses it); lmstack loads adapters as {ADAPTER_FILE} "
+                'and never unpickles code. Convert it where you trust the file: python -c "import torch; '
+                "from safetensors.torch import save_file; sd = torch.load("
+                f"'{pickled}', weights_only=False); save_file({{k: v.contiguous() for k, v in sd.items() "
+                f"if isinstance(v, torch.Tensor)}}, '{folder / ADAPTER_FILE}')\""
+            ) from None

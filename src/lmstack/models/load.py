@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from lmstack.config.errors import ConfigError
+from lmstack.config.errors import ConfigError, did_you_mean
 from lmstack.config.schema import Config
 from lmstack.memory import model_facts
 
@@ -79,6 +79,23 @@ def check_remote_code(path: Path, trust_remote_code: bool) -> None:
         raise ConfigError(
             f"model_name_or_path: {path} ships its own modelling code (auto_map in config.json); "
             "lmstack runs it only with `trust_remote_code: true` — set it if you trust the source"
+        )
+    _check_model_type(path, config)
+
+
+def _check_model_type(path: Path, config: dict) -> None:
+    """A model_type this transformers does not know, and no modelling code of the folder's own."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    kind = config.get("model_type")
+    if isinstance(kind, str) and kind not in CONFIG_MAPPING_NAMES and not config.get("auto_map"):
+        import transformers
+
+        raise ConfigError(
+            f"model_name_or_path: {path / 'config.json'} has model_type {kind!r}, which transformers "
+            f"{transformers.__version__} does not know{did_you_mean(kind, CONFIG_MAPPING_NAMES)}, and no "
+            "auto_map (modelling code of its own); fix model_type, or upgrade transformers if the "
+            "architecture is newer than this version"
         )
 
 
@@ -199,8 +216,8 @@ def load_model(spec: ModelLoadSpec, tokenizer: Any) -> Any:
         logger.info("resized the vocabulary to %d", len(tokenizer))
     elif rows < len(tokenizer):
         raise ConfigError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; "
-            "set resize_vocab: true"
+            f"the tokenizer has {len(tokenizer)} tokens but the model's embedding has {rows} rows; set "
+            "resize_vocab: true to train embeddings for the tokens the template added (they start random)"
         )
     logger.info(
         "loaded %s (%s, attention %s)", spec.path, DTYPES[spec.load_dtype], model.config._attn_implementation

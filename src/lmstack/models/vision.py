@@ -1,4 +1,4 @@
-"""Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL dense and MoE, LLaVA) and Qwen2-Audio: loaded
+"""Vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL dense and MoE, LLaVA, Gemma 3, InternVL) and Qwen2-Audio: loaded
 through AutoModelForImageTextToText (Qwen2-Audio: its own class),
 and which of their modules are the vision tower, the projector and the language model (LLaMA-Factory's
 composite-model table), so that `freeze_vision_tower` / `freeze_multi_modal_projector` /
@@ -51,6 +51,9 @@ COMPOSITE = {
     "qwen3_vl": QWEN3_VL,
     "qwen3_vl_moe": QWEN3_VL,
     "llava": Parts(("vision_tower",), ("multi_modal_projector",), ("language_model", "lm_head")),
+    # LF's defaults of its composite table (vision_tower / multi_modal_projector / language_model)
+    "gemma3": Parts(("vision_tower",), ("multi_modal_projector",), ("language_model", "lm_head")),
+    "internvl": Parts(("vision_tower",), ("multi_modal_projector",), ("language_model", "lm_head")),
     # the audio encoder counts as the "vision tower" of LF's freeze_vision_tower (LF's composite table too)
     "qwen2_audio": Parts(("audio_tower",), ("multi_modal_projector",), ("language_model", "lm_head")),
 }  # fmt: skip

@@ -18,6 +18,8 @@ Reasoned = tuple  # (value, reason)
 def device(cfg: Config, ctx: LaunchContext) -> Reasoned:
     if cfg.training.use_cpu:
         return "cpu", "use_cpu: true"
+    if ctx.cuda and ctx.planned_for:  # lmstack plan for another machine: this one's GPU is not looked at
+        return "cuda", ctx.planned_for
     return ("cuda", "a CUDA GPU is visible") if ctx.cuda else ("cpu", "no CUDA GPU visible")
 
 

@@ -154,3 +154,19 @@ def kept_out(cfg: Config, ctx: LaunchContext, spec: StageSpec, fp8: bool, unslot
         "(transformers and peft import them whenever installed; seconds of start-up and their warnings)"
         + (f"; {', '.join(held)} kept in: fp8: true" if held else "")
     )
+
+
+def inference_kept_out(cfg: Config, ctx: LaunchContext) -> tuple[str, ...]:
+    """The packages of UNUSED_IMPORTS that chat / api / export never reach on this config: a transformers
+    model in full precision, from lmstack's own modelling code. quantization_bit, a pre-quantized
+    checkpoint, remote modelling code or a vLLM/SGLang engine keep them in."""
+    from lmstack.plan.model_config import config_json
+
+    m = cfg.model
+    reaches = (
+        m.quantization_bit is not None
+        or bool((config_json(cfg) or {}).get("quantization_config"))
+        or m.trust_remote_code
+        or m.infer_backend != "huggingface"
+    )
+    return () if reaches else tuple(p for p in UNUSED_IMPORTS if ctx.has(p))

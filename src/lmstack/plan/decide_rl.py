@@ -40,6 +40,7 @@ RL_KNOBS = (
     "reward_weights",
     "tool_funcs",
     "max_tool_calling_iterations",
+    "rollout_engine",
 )
 REWARD_MODEL_NAME = "reward_model"  # the reward function TRL logs as rewards/reward_model/mean
 
@@ -61,6 +62,8 @@ class RLPlan:
     stale: bool  # rollouts reused or from an older policy: the ratio to the sampling-time policy applies
     tools: tuple[str, ...] = ()  # tool_funcs: multi-turn rollouts calling them (train/tool_rollout.py)
     max_tool_calls: int | None = None
+    rollout_engine: str = "generate"  # continuous_batching | generate (train/rollout_engine.py)
+    rollout_why: str = ""
 
     def label(self) -> str:
         clip = (
@@ -78,6 +81,7 @@ class RLPlan:
                 if self.tools
                 else ""
             )
+            + f", rollouts {self.rollout_engine}"
         )
 
     def reason(self) -> str:
@@ -94,7 +98,7 @@ class RLPlan:
             if self.tools
             else ""
         )
-        return f"{ref}; {ratio}{tools}"
+        return f"{ref}; {ratio}{tools}; rollouts: {self.rollout_why}"
 
 
 def reward_names(ft: FinetuningArgs) -> tuple[str, ...]:
@@ -119,7 +123,57 @@ def reference(cfg: Config, stage: str) -> str:
     return f"a frozen copy of {cfg.model.model_name_or_path}"
 
 
-def rl_plan(cfg: Config, spec: StageSpec) -> tuple[RLPlan | None, str]:
+CB_MIN_TRANSFORMERS = "5.8.0"  # TRL 1.16 refuses use_transformers_continuous_batching below it
+
+
+def rollout_engine(cfg: Config, sharded: bool, vision: bool, attention: str = "sdpa") -> tuple[str, str]:
+    """How answers are sampled. Continuous batching (transformers' generate_batch: a paged KV cache,
+    requests join and leave the running batch as they finish, decode steps replayed as CUDA graphs on a
+    GPU) runs on the trained module itself, LoRA applied in place, no weight copy; it needs
+    transformers >= 5.8, text prompts (the paged engine takes token ids only, no image features) and
+    whole weights on each process (ZeRO-3 / FSDP shards are gathered only by the plain generate path)
+    and an attention it runs paged (sdpa, eager, flash; transformers refuses flex_attention).
+    Else (or `rollout_engine: generate`) one padded model.generate batch, TRL's default."""
+    asked = cfg.finetuning.rollout_engine
+    blockers = []
+    if vision:
+        blockers.append("image prompts (the paged engine takes token ids only, no image features)")
+    if sharded:
+        blockers.append("sharded weights (ZeRO-3 / FSDP gather them for model.generate only)")
+    if attention == "flex_attention":
+        blockers.append("flash_attn: flex (the paged engine runs sdpa, eager or flash attention)")
+    if not _transformers_at_least(CB_MIN_TRANSFORMERS):
+        blockers.append(f"transformers < {CB_MIN_TRANSFORMERS} (no generate_batch)")
+    if asked == "generate":
+        return "generate", "rollout_engine: generate (one padded model.generate batch per rollout)"
+    if asked == "continuous_batching" and blockers:
+        raise ConfigError(
+            f"rollout_engine: continuous_batching does not support {'; '.join(blockers)}; "
+            "use rollout_engine: generate (or auto)"
+        )
+    if blockers:
+        return "generate", f"model.generate: continuous batching does not fit {'; '.join(blockers)}"
+    return "continuous_batching", (
+        "transformers continuous batching (paged KV cache, finished answers leave the batch, decode as "
+        "CUDA graphs on a GPU) on the trained weights in place"
+    )
+
+
+def _transformers_at_least(version: str) -> bool:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    from packaging.version import Version
+
+    try:
+        return Version(installed("transformers")) >= Version(version)
+    except PackageNotFoundError:
+        return False
+
+
+def rl_plan(
+    cfg: Config, spec: StageSpec, sharded: bool = False, attention: str = "sdpa"
+) -> tuple[RLPlan | None, str]:
     """The RL decisions of a grpo / rloo run (None for the other stages, whose fields rules.py checks)."""
     if spec.name not in RL_STAGES:
         return None, ""
@@ -132,6 +186,10 @@ def rl_plan(cfg: Config, spec: StageSpec) -> tuple[RLPlan | None, str]:
             f"({', '.join(names) or 'none'}); give one per reward_funcs entry, then one for reward_model"
         )
     steps = ft.steps_per_generation or t.gradient_accumulation_steps
+    from lmstack.models.vision import vision_model_type
+
+    vision = vision_model_type(cfg.model.model_name_or_path) is not None
+    engine, engine_why = rollout_engine(cfg, sharded, vision, attention)
     rloo = spec.name == "rloo"
     plan = RLPlan(
         loss_type="rloo" if rloo else ft.loss_type,
@@ -149,5 +207,7 @@ def rl_plan(cfg: Config, spec: StageSpec) -> tuple[RLPlan | None, str]:
         stale=t.gradient_accumulation_steps % (steps * ft.num_iterations) != 0,
         tools=tuple(s.strip().rpartition(":")[2] for s in (ft.tool_funcs or "").split(",") if s.strip()),
         max_tool_calls=ft.max_tool_calling_iterations,
+        rollout_engine=engine,
+        rollout_why=engine_why,
     )
     return plan, plan.reason()

@@ -123,7 +123,12 @@ def tokenized_lengths(cfg, attr) -> tuple[np.ndarray, str]:
     from lmstack.templates import get_template
 
     tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
+    template = get_template(
+        cfg.data.template,
+        tokenizer,
+        thinking_style=cfg.data.thinking_style,
+        escape_content=cfg.data.escape_special_tokens_in_content,
+    )
     template.fix_tokenizer(tokenizer)
     logger.info("plan: tokenizing dataset %s for its row lengths (cached for training)", attr.name)
     data, _ = load_one(cfg, attr, tokenizer, template)

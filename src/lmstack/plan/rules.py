@@ -179,7 +179,9 @@ def accuracy_stage(plan: RunPlan) -> str | None:
 
 
 def deepspeed_installed(plan: RunPlan) -> str | None:
-    if plan.deepspeed is not None and not plan.ctx.has("deepspeed"):
+    # without a CUDA GPU the install advice is wrong (DeepSpeed then fails in mpi4py/its CUDA ops):
+    # preflight's device check says what to do on this machine instead
+    if plan.deepspeed is not None and plan.device == "cuda" and not plan.ctx.has("deepspeed"):
         raise ConfigError(
             "deepspeed: the `deepspeed` package is not installed; pip install deepspeed "
             "(or remove `deepspeed:` to train without ZeRO)"

@@ -355,7 +355,7 @@ def _resolve_once(cfg: Config, ctx: LaunchContext, user: Config) -> RunPlan:
     capacity = decide.row_capacity(cfg, micro) if packed else None
     alloc = decide.allocator(cfg, ctx, dev, spec, packed, zero == 3 or fsdp is not None)
     reasons["allocator"] = alloc.reason
-    rl, rl_why = decide_rl.rl_plan(cfg, spec)
+    rl, rl_why = decide_rl.rl_plan(cfg, spec, zero == 3 or fsdp is not None, attn)
     if rl is not None:
         reasons["rl"] = rl_why
     loader = decide_host.data_loader(user, ctx, dev, spec, world)  # `user`: which fields the YAML set

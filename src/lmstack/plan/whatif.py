@@ -38,6 +38,7 @@ def gpu_context(
     gpu_capability: tuple[int, int] | None = None,
     gpu_name: str | None = None,
     packages: frozenset[str] = STRATEGY_PACKAGES,
+    planned_for: str | None = None,
 ) -> LaunchContext:
     """The launch context of a hypothetical GPU job (what `lmstack plan --gpus N` plans for): `packages`
     are assumed installed there whatever this machine has. `gpu_capability` (major, minor) and
@@ -54,6 +55,7 @@ def gpu_context(
         cuda_capability=gpu_capability,
         gpu_name=gpu_name,
         packages=packages,
+        planned_for=planned_for or f"planned for {gpus} x {gpu_name or 'CUDA GPU'} of {gpu_memory_gib:g} GiB",
     )
 
 
@@ -63,9 +65,11 @@ def plan_for(
     gpu_memory_gib: float,
     gpu_capability: tuple[int, int] | None = None,
     gpu_name: str | None = None,
+    planned_for: str | None = None,
 ) -> RunPlan:
-    """The run plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` (auto fields left for the planner)."""
-    ctx = gpu_context(gpus, gpu_memory_gib, gpu_capability, gpu_name, target_packages(cfg))
+    """The run plan of `cfg` on `gpus` GPUs of `gpu_memory_gib` (auto fields left for the planner);
+    `planned_for`: the plan's device reason, the machine planned for in words."""
+    ctx = gpu_context(gpus, gpu_memory_gib, gpu_capability, gpu_name, target_packages(cfg), planned_for)
     return RunPlan.resolve(cfg, ctx, resolve_auto=False)
 
 

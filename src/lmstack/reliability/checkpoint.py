@@ -15,6 +15,8 @@ import shutil
 import time
 from pathlib import Path
 
+from lmstack.config.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
@@ -122,12 +124,20 @@ def verify_checkpoint(folder: Path, deep: bool = True) -> str | None:
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """checkpoint-N folders, newest (highest N) first."""
+    """checkpoint-N folders, newest (highest N) first. A symbolic link named checkpoint-N is not one:
+    resuming from it or rotating it would read or delete a folder outside output_dir."""
     out = Path(output_dir)
     if not out.is_dir():
         return []
-    found = [p for p in out.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    found = [p for p in out.iterdir() if p.is_dir() and not p.is_symlink() and checkpoint_step(p) is not None]
     return sorted(found, key=lambda p: checkpoint_step(p) or 0, reverse=True)
+
+
+def linked_checkpoints(output_dir: str | Path) -> list[Path]:
+    out = Path(output_dir)
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.iterdir() if p.is_symlink() and checkpoint_step(p) is not None)
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -142,6 +152,14 @@ def read_manifest(folder: Path) -> dict | None:
 def select_resume_checkpoint(output_dir: str | Path, deep: bool = True, quiet: bool = False) -> Path | None:
     """The newest checkpoint that verifies (sizes, and sha256 when `deep`); logs each skipped one and
     why (unless `quiet`)."""
+    if not quiet:
+        for link in linked_checkpoints(output_dir):
+            logger.warning(
+                "resume: skipping %s: a symbolic link to %s (lmstack neither resumes from nor rotates a "
+                "checkpoint outside output_dir; copy it in, or give it as resume_from_checkpoint: <folder>)",
+                link,
+                link.resolve(),
+            )
     for folder in list_checkpoints(output_dir):
         reason = verify_checkpoint(folder, deep=deep)
         if reason is None:
@@ -149,6 +167,41 @@ def select_resume_checkpoint(output_dir: str | Path, deep: bool = True, quiet: b
         if not quiet:
             logger.warning("resume: skipping %s: %s", folder, reason)
     return None
+
+
+def refuse_linked(out: Path) -> None:
+    links = linked_checkpoints(out)
+    if links:
+        raise ConfigError(
+            f"output_dir: {out} holds "
+            + ", ".join(f"{p.name} -> {p.resolve()}" for p in links)
+            + ": a symbolic link named like a checkpoint. lmstack neither resumes from nor rotates (deletes) "
+            "a checkpoint outside output_dir; remove the link, copy the checkpoint into output_dir, or give "
+            "its folder as resume_from_checkpoint: <path>"
+        )
+
+
+def check_trainer_state(checkpoint: Path) -> None:
+    """The checkpoint's trainer_state.json is a JSON object whose global_step is the N of checkpoint-N
+    (the manifest proves the bytes are those saved, not that they make sense)."""
+    path = checkpoint / "trainer_state.json"
+    try:
+        state = json.loads(path.read_text())
+        step = state.get("global_step") if isinstance(state, dict) else None
+        problem = None if isinstance(step, int) else f"its global_step is {step!r}, not a step number"
+    except OSError as err:
+        problem = f"it cannot be read ({err.strerror})"
+    except ValueError as err:
+        problem = f"it is not valid JSON ({err})"
+    expected = checkpoint_step(checkpoint)
+    if problem is None and expected is not None and step != expected:
+        problem = f"its global_step is {step}, the folder is checkpoint-{expected}"
+    if problem:
+        raise ConfigError(
+            f"resume_from_checkpoint: {path}: {problem}; the checkpoint cannot be resumed from. Resume from "
+            "another checkpoint-N (delete this one, and `auto` takes the newest other), or set "
+            "overwrite_output_dir: true to train again"
+        )
 
 
 def clean_staging(output_dir: str | Path) -> list[Path]:
@@ -180,7 +233,9 @@ def commit_checkpoint(staged: Path, final: Path, meta: dict | None = None) -> Pa
 
 
 def delete_checkpoint(folder: Path) -> None:
-    """Manifest first (so a half-deleted folder never verifies), then the rest."""
+    """Manifest first (so a half-deleted folder never verifies), then the rest. Never through a link."""
+    if folder.is_symlink():
+        raise OSError(f"{folder} is a symbolic link; lmstack deletes no checkpoint outside output_dir")
     (folder / MANIFEST).unlink(missing_ok=True)
     trash = folder.parent / f".{folder.name}.deleting"
     try:

@@ -3,7 +3,8 @@
 the saved tokenized data that was actually trained) and which hardware.
 
 `run_identity(cfg, decisions)`: the resolved run (config with secrets redacted, the run plan's
-decisions, the data files' sha256) and its hash; every checkpoint's manifest.json stores it, so a
+decisions, the data files' sha256, the datasets' registry entries and the model folders' tokenizer,
+config and weight identities: reliability/identity.py) and its hash; every checkpoint's manifest.json stores it, so a
 resume can list what changed (see output_dir.py)."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from lmstack.config.schema import Config
 from lmstack.config.secrets import redact
-from lmstack.reliability.checkpoint import sha256_file
+from lmstack.reliability.identity import data_sha256, model_inputs
 
 logger = logging.getLogger(__name__)
 RUN_MANIFEST = "run_manifest.json"
@@ -69,40 +70,23 @@ def hardware() -> dict[str, Any]:
     return info
 
 
-_SHA256: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> sha256, for data files
-
-
-def data_sha256(path: Path) -> str:
-    """sha256 of a data file, hashed once per process while its size and mtime stay the same (the run
-    manifest, the resume check and every checkpoint's run identity all need it)."""
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if key not in _SHA256:
-        _SHA256[key] = sha256_file(path)
-    return _SHA256[key]
-
-
-def _dataset_files(cfg: Config) -> list[tuple[str, Any, list[Path]]]:
-    """(field, attr, files) of every dataset of `dataset` and `eval_dataset` (files: [] for the hub)."""
+def _dataset_files(cfg: Config) -> list[tuple[str, Any, Path, list[Path]]]:
+    """(field, attr, root, files) of every dataset of `dataset` and `eval_dataset`: the files it reads
+    (a hub entry: its local folder or hub-cache snapshot; none when not on disk before loading)."""
+    from lmstack.data.loader import source_files
     from lmstack.data.registry import get_dataset_attrs
 
     out = []
     for names, field in ((cfg.data.dataset, "dataset"), (cfg.data.eval_dataset, "eval_dataset")):
         for attr in get_dataset_attrs(names, cfg.data.dataset_dir, field):
-            root = Path(attr.source)
-            if attr.load_from != "file":
-                paths: list[Path] = []
-            elif root.is_dir():
-                paths = sorted(p for p in root.rglob("*") if p.is_file())
-            else:
-                paths = [root]
-            out.append((field, attr, paths))
+            root, paths = source_files(attr) or (Path(attr.source), [])
+            out.append((field, attr, root, paths))
     return out
 
 
 def data_files(cfg: Config) -> dict[str, dict[str, Any]]:
     files: dict[str, dict[str, Any]] = {}
-    for _, attr, paths in _dataset_files(cfg):
+    for _, attr, _, paths in _dataset_files(cfg):
         if attr.load_from != "file":
             files[attr.name] = {"hub": attr.source}
         for path in paths:
@@ -114,24 +98,47 @@ def data_files(cfg: Config) -> dict[str, dict[str, Any]]:
     return files
 
 
-def data_digests(cfg: Config) -> dict[str, str]:
-    """`<field>:<dataset>/<file inside it>` -> sha256 (hub datasets: their repo, subset and split).
-    Keyed by dataset name, not by path: the same data moved to another dataset_dir is the same data."""
-    out: dict[str, str] = {}
-    for field, attr, paths in _dataset_files(cfg):
+def dataset_entries(cfg: Config) -> dict[str, Any]:
+    """`<field>:<dataset> <key>` -> what dataset_info.json says about a dataset besides where it is:
+    each `columns`/`tags` mapping, formatting, split... (a swapped `columns` trains other text from the
+    same files)."""
+    from dataclasses import asdict
+
+    out: dict[str, Any] = {}
+    for field, attr, _, _ in _dataset_files(cfg):
+        for key, value in asdict(attr).items():
+            if key in ("name", "source"):
+                continue
+            items = value.items() if isinstance(value, dict) else [(None, value)]
+            for sub, item in items:
+                out[f"dataset entry {field}:{attr.name} {key}{'.' + sub if sub else ''}"] = item
+    return out
+
+
+def data_digests(cfg: Config) -> dict[str, Any]:
+    """`<field>:<dataset>/<file inside it>` -> sha256 (hub datasets: their repo, subset and split, and
+    the files read). Keyed by dataset name, not by path: the same data moved to another dataset_dir
+    is the same data."""
+    out: dict[str, Any] = {}
+    for field, attr, root, paths in _dataset_files(cfg):
         if attr.load_from != "file":
-            out[f"{field}:{attr.name}"] = f"hub {attr.source} subset={attr.subset} split={attr.split}"
-        root = Path(attr.source)
+            known = "" if paths else " (content not on disk before loading: not compared)"
+            out[f"{field}:{attr.name}"] = f"hub {attr.source} subset={attr.subset} split={attr.split}{known}"
         for path in paths:
-            inside = path.relative_to(root).as_posix() if root.is_dir() else path.name
-            out[f"{field}:{attr.name}/{inside}"] = data_sha256(path)
+            out[f"{field}:{attr.name}/{path.relative_to(root).as_posix()}"] = data_sha256(path)
     return out
 
 
 def run_identity(cfg: Config, decisions: dict | None) -> dict[str, Any]:
     """{"run": {config, decisions, data}, "run_hash": sha256 of it}: what a checkpoint was trained
     with. JSON-normalised, so what is stored is exactly what a resume compares."""
-    run = {"config": cfg.flat(redact=True), "decisions": decisions, "data": data_digests(cfg)}
+    inputs = {**dataset_entries(cfg), **model_inputs(cfg)}
+    run = {
+        "config": cfg.flat(redact=True),
+        "decisions": decisions,
+        "data": data_digests(cfg),
+        "inputs": inputs,
+    }
     run = json.loads(json.dumps(run, sort_keys=True, default=str))
     return {"run": run, "run_hash": identity_hash(run)}
 

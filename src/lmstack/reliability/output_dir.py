@@ -1,14 +1,14 @@
 """output_dir: what a run may find there, what it deletes, and whether a resume may go on.
 
-`check_paths(plan)` (a run check: train/preflight.py, before anything loads): output_dir is never
-model_name_or_path, an adapter_name_or_path, ref_model, reward_model, dataset_dir or a dataset file
-itself, nor inside one of them, nor around one (a full fine-tune into output_dir=M overwrote M).
+Where output_dir may be (never on a model, an adapter or the data; writable): path_guards.py.
 
 `prepare(plan)` (every stage's first step) returns the checkpoint to resume from, or None:
 - no resume_from_checkpoint: output_dir must be empty (`lmstack check`'s data_report.json aside)
   unless overwrite_output_dir, which deletes only what lmstack wrote: checkpoint-N folders with an
-  lmstack manifest, the folders of killed saves, the OWN_OUTPUTS files. Anything else (a user file,
-  checkpoint-best-by-hand, a checkpoint-N without a manifest) is left there and named in the log.
+  lmstack manifest, the folders of killed saves, the OWN_OUTPUTS files and the files an earlier final
+  save recorded writing (outputs_record.py: the adapter or model, tokenizer files, README.md, ...), still
+  as written; the log lists what was removed. Anything else (a user file, checkpoint-best-by-hand, a
+  checkpoint-N without a manifest, a recorded file changed since) is left there and named in the log.
 - `auto`: the newest checkpoint whose manifest verifies. Without one, the run starts fresh only when
   output_dir holds nothing but lmstack's own run files (a run killed before its first save); another
   run's files (adapter_model.safetensors, README.md, ...) are refused as without `auto`, unless
@@ -52,20 +52,24 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lmstack.config.errors import ConfigError, LmstackError
+from lmstack.config.errors import ConfigError
 from lmstack.config.schema import Config
 from lmstack.plan.runplan import RunPlan
+from lmstack.reliability import final_outputs
 from lmstack.reliability.checkpoint import (
+    check_trainer_state,
     checkpoint_step,
     clean_staging,
     delete_checkpoint,
     is_staging,
     list_checkpoints,
     read_manifest,
+    refuse_linked,
     select_resume_checkpoint,
     verify_checkpoint,
 )
 from lmstack.reliability.manifest import identity_hash, run_identity
+from lmstack.reliability.outputs_record import OUTPUTS_RECORD, recorded_outputs
 
 logger = logging.getLogger(__name__)
 CONFIG_FILE = "lmstack_config.yaml"
@@ -88,7 +92,10 @@ OWN_OUTPUTS = (
     "training_rewards_chosen.png",  # kto
     "generated_predictions.jsonl",  # sft do_predict
     "predict_results.json",
+    final_outputs.FINAL,
+    final_outputs.PENDING,
     CONFIG_FILE,
+    OUTPUTS_RECORD,
 )
 SAFE_TO_CHANGE = frozenset(
     """logging_steps save_strategy save_steps save_total_limit save_only_model eval_strategy eval_steps
@@ -107,58 +114,15 @@ SAFE_DECISIONS = frozenset(
 ABSENT = "(absent)"
 
 
-# ---- output_dir against the run's inputs --------------------------------------------------------
-def _inputs(cfg: Config) -> list[tuple[str, str]]:
-    from lmstack.data.registry import get_dataset_attrs
-
-    m, ft, d = cfg.model, cfg.finetuning, cfg.data
-    adapters = [a.strip() for a in (m.adapter_name_or_path or "").split(",") if a.strip()]
-    items = [("model_name_or_path", m.model_name_or_path), *(("adapter_name_or_path", a) for a in adapters)]
-    items += [
-        (name, value)
-        for name, value in (("ref_model", ft.ref_model), ("reward_model", ft.reward_model))
-        if value
-    ]
-    items.append(("dataset_dir", d.dataset_dir))
-    for names, field in ((d.dataset, "dataset"), (d.eval_dataset, "eval_dataset")):
-        try:
-            attrs = get_dataset_attrs(names, d.dataset_dir, field)
-        except LmstackError:
-            continue  # reported by the datasets check
-        items += [(f"{field} {a.name} ({a.source})", a.source) for a in attrs if a.load_from == "file"]
-    return [(name, path) for name, path in items if Path(path).exists()]  # a hub id is not a local folder
-
-
-def check_paths(plan: RunPlan) -> None:
-    """Refuses an output_dir that is, is inside, or contains a model, an adapter or the data."""
-    given = plan.cfg.training.output_dir
-    out = Path(given).resolve()
-    problems, data_dir_hit = [], False
-    for name, path in _inputs(plan.cfg):
-        if name.startswith(("dataset ", "eval_dataset ")) and data_dir_hit:
-            continue  # already said for dataset_dir
-        p = Path(path).resolve()
-        if p == out:
-            problems.append(f"output_dir: {given} is {name} itself")
-        elif p in out.parents:
-            problems.append(f"output_dir: {given} is inside {name} ({path})")
-        elif out in p.parents:
-            problems.append(f"output_dir: {given} contains {name} ({path})")
-        else:
-            continue
-        data_dir_hit = data_dir_hit or name == "dataset_dir"
-    if problems:
-        raise ConfigError(
-            "; ".join(problems) + ". Training writes its weights, checkpoints and logs into output_dir "
-            "(and overwrite_output_dir deletes there), so it would overwrite or mix with them: choose an "
-            "output_dir outside every model, adapter and dataset folder"
-        )
-
-
 # ---- what is in output_dir ----------------------------------------------------------------------
 def _lmstack_checkpoint(path: Path) -> bool:
     """checkpoint-N with an lmstack manifest (complete or damaged): lmstack wrote it."""
-    return path.is_dir() and checkpoint_step(path) is not None and read_manifest(path) is not None
+    return (
+        path.is_dir()
+        and not path.is_symlink()
+        and checkpoint_step(path) is not None
+        and read_manifest(path) is not None
+    )
 
 
 def _own_run_file(path: Path) -> bool:
@@ -183,20 +147,29 @@ def _not_empty(out: Path, found: list[Path], auto: bool) -> ConfigError:
 
 
 def _delete_own(out: Path) -> None:
-    """overwrite_output_dir: delete what lmstack wrote (its manifests know it); name what is left."""
-    kept = []
+    """overwrite_output_dir: delete what lmstack wrote (its manifests and the record of its final save
+    know it: outputs_record.py), say what was removed, and name what is left."""
+    kept, removed, recorded = [], [], recorded_outputs(out)
     for path in sorted(out.iterdir()):
         if is_staging(path):
             shutil.rmtree(path, ignore_errors=True)
         elif _lmstack_checkpoint(path):
             delete_checkpoint(path)
-        elif path.is_file() and path.name in OWN_OUTPUTS:
+            removed.append(path.name)
+        elif path.is_file() and (path.name in OWN_OUTPUTS or path.name in recorded):
             path.unlink(missing_ok=True)
+            removed.append(path.name)
         elif path.name != REPORT_FILE:
             kept.append(path.name)
+    if removed:
+        logger.info(
+            "overwrite_output_dir: removed from %s what an earlier lmstack run wrote there: %s",
+            out,
+            ", ".join(removed),
+        )
     if kept:
         logger.warning(
-            "overwrite_output_dir: left in %s what no lmstack manifest lists: %s (the final save replaces "
+            "overwrite_output_dir: left in %s what no lmstack manifest or record lists: %s (the final save replaces "
             "files of the same name)",
             out,
             ", ".join(kept),
@@ -269,7 +242,7 @@ def _safe(section: str, name: str, old: Any, new: Any, old_run: dict, new_run: d
 def run_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
     """(changes that are not safe to resume with, safe ones), each as `name: old -> new`."""
     unsafe, safe = [], []
-    labels = {"config": "", "decisions": "run plan ", "data": "data file "}
+    labels = {"config": "", "decisions": "run plan ", "data": "data file ", "inputs": ""}
     for section, label in labels.items():
         a, b = old.get(section), new.get(section)
         if a is None or b is None:
@@ -308,7 +281,8 @@ def check_same_run(checkpoint: Path, plan: RunPlan, manifest: dict | None = None
             f"resume_from_checkpoint: {checkpoint} was trained with other settings; changed: "
             + "; ".join(unsafe)
             + (f" (safe: {'; '.join(safe)})" if safe else "")
-            + ". A resume continues the same run: restore these settings, or train a new run in another "
+            + ". A resume continues the same run: restore these settings and files (data, dataset_info.json, "
+            "model folders), or train a new run in another "
             f"output_dir starting from its weights ({start}: {checkpoint}). What may change on a resume: "
             "max_steps/num_train_epochs raised, the logging/saving/eval cadence, reporting, worker counts, "
             "timeouts (lmstack.reliability.output_dir)"
@@ -340,6 +314,8 @@ def _last_step_reached(checkpoint: Path, cfg: Config, manifest: dict) -> bool:
 def _final_metrics(out: Path, step: int | None) -> dict | None:
     """all_results.json when the final outputs of the run that ended at `step` are all written."""
     state, config, results = out / STATE_FILE, out / CONFIG_FILE, out / RESULTS_FILE
+    if final_outputs.incomplete(out):
+        return None  # stopped while the final outputs were written (a kill, a full disk)
     try:
         if json.loads(state.read_text()).get("global_step") != step:
             return None  # killed while the final model was written (its trainer_state.json comes next)
@@ -397,6 +373,7 @@ def prepare(plan: RunPlan) -> str | None:
     if resume is None:
         _start_fresh(cfg, plan.is_main, auto=False)
         return None
+    refuse_linked(out)
     checkpoint = _select(cfg, deep=True, quiet=False)  # newest with a valid manifest; skipped ones logged
     if resume == "auto":
         logger.info(
@@ -406,6 +383,7 @@ def prepare(plan: RunPlan) -> str | None:
         _start_fresh(cfg, plan.is_main, auto=True)
         return None
     manifest = read_manifest(checkpoint) or {}
+    check_trainer_state(checkpoint)
     check_same_run(checkpoint, plan, manifest)
     if _last_step_reached(checkpoint, cfg, manifest) and not manifest.get("outputs_from_checkpoint"):
         step = checkpoint_step(checkpoint) or 0

@@ -29,6 +29,7 @@ from lmstack.launch.dist import barrier
 from lmstack.models.adapter_save import (
     ADAPTER_FILE,
     check_adapter_file,
+    follow_umask,
     is_fsdp_peft,
     load_fsdp_adapter,
     save_fsdp_adapter,
@@ -304,6 +305,7 @@ class ReliableMixin:
         self.accelerator.wait_for_everyone()  # every rank's files (rng_state_<rank>.pth, shards) are written
         self._lm_best_outside_staging(root, out)
         if self.args.should_save:
+            follow_umask(root / f"checkpoint-{step}")  # safetensors writes 0600; the umask decides
             self._lm_check_shared(root / f"checkpoint-{step}")
             meta = {
                 "step": step,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmstack.config.errors import ConfigError
+from lmstack.templates.bounded import bounded_render
 from lmstack.templates.builtin import builtin_template
 from lmstack.templates.template import Template, check_roles, fix_special_tokens
 
@@ -74,7 +75,8 @@ class TokenizerTemplate:
         conv = ([{"role": "system", "content": system}] if system is not None else []) + [
             _hf_message(m) for m in messages
         ]
-        return tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen, **kw)
+        with bounded_render(self.name):
+            return tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=gen, **kw)
 
     def render_pairs(
         self,
@@ -147,6 +149,17 @@ class TokenizerTemplate:
 
     def fix_tokenizer(self, tokenizer: Any) -> list[str]:
         return fix_special_tokens(tokenizer, self.name, self.stop_words, self.replace_eos)
+
+    def probe(self, tokenizer: Any) -> None:
+        """One render before a model loads (`chat`, `api`): a template that runs past the work budget
+        or that the sandbox refuses is a ConfigError here, not on every request. What the template
+        refuses about this one message (its own raise_exception) is left for real requests."""
+        from jinja2.exceptions import TemplateError
+
+        try:
+            self.encode_prompt(tokenizer, [{"role": "user", "content": "Hello"}])
+        except (TemplateError, ValueError, TypeError):
+            pass
 
     def stop_token_ids(self, tokenizer: Any) -> list[int]:
         return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

@@ -26,6 +26,7 @@ def get_template(
     *,
     thinking_style: str = "llamafactory",
     tool_format: str | None = None,
+    escape_content: bool = False,
 ) -> Template | TokenizerTemplate:
     """A built-in template by name; with `name=None`, one derived from the tokenizer's own chat
     template (`empty` when it has none). `thinking_style` picks the reasoning rules of reasoning
@@ -34,6 +35,12 @@ def get_template(
         raise enum_error("thinking_style", thinking_style, STYLES)
     if tool_format is not None and tool_format not in TOOL_FORMATS:
         raise enum_error("tool_format", tool_format, sorted(TOOL_FORMATS))
+    if name is None and escape_content:
+        raise ConfigError(
+            "escape_special_tokens_in_content: needs template: <name> (a built-in template, whose markup "
+            "and message text lmstack tokenizes apart); the tokenizer's own chat template renders them "
+            "as one text"
+        )
     if name is None:
         if tokenizer is None:
             raise ConfigError(
@@ -53,5 +60,11 @@ def get_template(
         template = builtin_template(name)
     if thinking_style != "llamafactory" and not template.reasoning:
         logger.warning("thinking_style has no effect: template %s is not a reasoning template", template.name)
-    template = replace(template, thinking_style=thinking_style)
+    template = replace(template, thinking_style=thinking_style, escape_content=escape_content)
+    if escape_content:
+        logger.info(
+            "escape_special_tokens_in_content: special-token text in user and tool-result messages is "
+            "tokenized as plain text (template %s's own markup is not)",
+            template.name,
+        )
     return template.with_tool_format(tool_format) if tool_format is not None else template

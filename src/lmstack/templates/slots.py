@@ -18,7 +18,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-Piece = tuple[str, str]  # ("text", str) | ("special", "bos_token" | "eos_token") | ("token", name)
+Piece = tuple[
+    str, str
+]  # ("text" | "content", str) | ("special", "bos_token" | "eos_token") | ("token", name)
 Slot = tuple[str, ...]
 
 SPECIAL = re.compile(r"(\{\{bos_token\}\}|\{\{eos_token\}\}|\{\{token:[^{}]+\}\})")
@@ -52,9 +54,20 @@ def split(slot: Slot) -> list[Piece]:
     return out
 
 
-def apply(slot: Slot, content: str = "") -> list[Piece]:
-    """The slot filled with `content` (each text piece replaces its first `{{content}}`)."""
-    return [(k, v.replace(CONTENT, content, 1) if k == "text" else v) for k, v in split(slot)]
+def apply(slot: Slot, content: str = "", escape: bool = False, lead: str = "") -> list[Piece]:
+    """The slot filled with `lead + content` (each text piece replaces its first `{{content}}`).
+    `escape`: the content is a piece of its own, ("content", text), tokenized with special tokens not
+    parsed; `lead` (template markup, e.g. a system block glued to the user turn) stays text."""
+    if not escape:
+        return [(k, v.replace(CONTENT, lead + content, 1) if k == "text" else v) for k, v in split(slot)]
+    out: list[Piece] = []
+    for kind, value in split(slot):
+        if kind == "text" and CONTENT in value:
+            before, after = value.split(CONTENT, 1)
+            out += [p for p in (("text", before + lead), ("content", content), ("text", after)) if p[1]]
+        else:
+            out.append((kind, value))
+    return out
 
 
 def first_text(slot: Slot, content: str) -> str:
@@ -68,7 +81,7 @@ def special_text(tokenizer: Any, kind: str) -> str:
 
 
 def to_text(tokenizer: Any, pieces: list[Piece]) -> str:
-    return "".join(v if k in ("text", "token") else special_text(tokenizer, v) for k, v in pieces)
+    return "".join(v if k in ("text", "token", "content") else special_text(tokenizer, v) for k, v in pieces)
 
 
 def to_ids(tokenizer: Any, pieces: list[Piece]) -> list[int]:
@@ -76,6 +89,8 @@ def to_ids(tokenizer: Any, pieces: list[Piece]) -> list[int]:
     for kind, value in pieces:
         if kind == "text":
             out += tokenizer.encode(value, add_special_tokens=False) if value else []
+        elif kind == "content":  # escaped message text: `<|im_end|>` in it is text, not the token
+            out += tokenizer.encode(value, add_special_tokens=False, split_special_tokens=True)
         elif kind == "token":
             out.append(tokenizer.convert_tokens_to_ids(value))
         elif getattr(tokenizer, f"{value}_id", None) is not None:

@@ -59,6 +59,7 @@ class Template:
     empty_thought: str | None = None  # None: the two thought words joined (glm4_7: only the closing one)
     tool_call_words: tuple[str, str] = DEFAULT_TOOL_CALL_WORDS
     thinking_style: str = "llamafactory"  # set by get_template from the config; see reasoning.py
+    escape_content: bool = False  # escape_special_tokens_in_content, set by get_template
     description: str = ""
     mm_plugin: str = ""  # vision templates: how <image> becomes the model's image tokens (data/mm.py)
 
@@ -95,9 +96,9 @@ class Template:
                     pieces += apply(self.format_system, text)
         role, content = message["role"], message["content"]
         if role == "user":
-            return pieces + apply(self.format_user, system_text + content)
+            return pieces + apply(self.format_user, content, self.escape_content, lead=system_text)
         if role == "observation":
-            return pieces + apply(self.format_observation or self.format_user, content)
+            return pieces + apply(self.format_observation or self.format_user, content, self.escape_content)
         if role == "function":
             return pieces + apply(self.format_function or self.format_assistant, self._function_text(content))
         return pieces + apply(self.format_assistant, content)

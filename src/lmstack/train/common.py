@@ -171,7 +171,12 @@ def tokenizer_and_template(cfg: Config) -> tuple[Any, Any]:
     from lmstack.templates import get_template
 
     tokenizer = load_tokenizer(cfg)
-    template = get_template(cfg.data.template, tokenizer, thinking_style=cfg.data.thinking_style)
+    template = get_template(
+        cfg.data.template,
+        tokenizer,
+        thinking_style=cfg.data.thinking_style,
+        escape_content=cfg.data.escape_special_tokens_in_content,
+    )
     for note in template.fix_tokenizer(tokenizer):
         logger.info(note)
     return tokenizer, template
@@ -276,6 +281,8 @@ def make_callbacks(cfg: Config) -> list:
                 "total_tokens": state.num_input_tokens_seen or None,
                 # grpo/rloo: each reward's mean (TRL's rewards/<name>/mean), one curve per reward
                 **{k: v for k, v in logs.items() if k.startswith("rewards/") and k.endswith("/mean")},
+                # grpo/rloo: the rollouts' speed (train/rollout_engine.py)
+                **{k: v for k, v in logs.items() if k.startswith("rollout/")},
             }
             with (Path(args.output_dir) / LOG_FILE).open("a") as fh:
                 fh.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")
@@ -326,7 +333,13 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
     and the run plan in lmstack_config.yaml / run_manifest.json."""
     cfg = plan.cfg
     from lmstack.models.adapter_save import save_model
+    from lmstack.reliability import final_outputs
+    from lmstack.reliability.outputs_record import output_files, record_outputs
 
+    out = Path(cfg.training.output_dir)
+    before = output_files(cfg.training.output_dir)  # what the save writes is recorded against this
+    if trainer.is_world_process_zero():
+        final_outputs.begin(out)  # until complete(): readers see the outputs as unfinished
     save_model(trainer)  # a LoRA adapter is checked on disk: an empty one is an error
     trainer.save_state()
     metrics = dict(train_result.metrics)
@@ -354,3 +367,5 @@ def save_outputs(plan: RunPlan, trainer: Any, train_result: Any, plot_keys: tupl
                 cfg.training.output_dir, ["loss", "eval_loss", "eval_accuracy", *plot_keys]
             ):
                 logger.info("wrote %s", path)
+        record_outputs(cfg.training.output_dir, before)  # an overwriting run removes exactly these
+        final_outputs.complete(out)  # last: every final file is whole

@@ -23,12 +23,15 @@ from typing import Any
 from trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 
 from lmstack.config.errors import ConfigError
+from lmstack.data.mm import media_spec
 from lmstack.data.pipeline import build_datasets
 from lmstack.models.adapters import setup_finetuning
 from lmstack.models.load import apply_speedups, load_model
+from lmstack.models.vision import save_processor_files
 from lmstack.plan.runplan import RunPlan
-from lmstack.train import common, rlhf
+from lmstack.train import common, grpo_media, rlhf
 from lmstack.train.rewards import SOLUTION_COLUMN
+from lmstack.train.rollout_engine import FastRollouts, cb_settings
 
 
 def run(plan: RunPlan) -> dict:
@@ -39,11 +42,13 @@ def run(plan: RunPlan) -> dict:
     tokenizer, template = common.tokenizer_and_template(cfg)
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
 
+    media = media_spec(cfg)  # image prompts: TRL's vision path (train/grpo_media.py)
+
     def prompt_text(row: dict) -> dict:
-        return {
-            "prompt": tokenizer.decode(row["input_ids"], skip_special_tokens=False),
-            SOLUTION_COLUMN: tokenizer.decode(row.get("solution_ids") or [], skip_special_tokens=True),
-        }
+        text = tokenizer.decode(row["input_ids"], skip_special_tokens=False)
+        prompt = {"prompt": text} if media is None else grpo_media.row_columns(row, text, media)
+        solution = tokenizer.decode(row.get("solution_ids") or [], skip_special_tokens=True)
+        return {**prompt, SOLUTION_COLUMN: solution}
 
     train_ds = rlhf.to_dataset(data.train, prompt_text)
     eval_ds = rlhf.to_dataset(data.eval, prompt_text) if data.eval is not None else None
@@ -77,13 +82,16 @@ def run(plan: RunPlan) -> dict:
         args=args,
         train_dataset=train_ds,
         eval_dataset=eval_ds,
-        processing_class=tokenizer,
+        processing_class=tokenizer if media is None else grpo_media.rollout_processor(cfg, media, tokenizer),
         callbacks=common.make_callbacks(cfg),
         **({"rollout_func": rollout} if rollout is not None else {}),
     )
     rlhf.drop_trl_ref_adapter(cfg, trainer.model)  # a fresh adapter: the adapter-off base is the reference
     per_reward = tuple(f"rewards/{name}/mean" for name in trainer.reward_func_names)
-    return common.train_and_save(plan, trainer, resume, ("reward", *per_reward))
+    metrics = common.train_and_save(plan, trainer, resume, ("reward", *per_reward))
+    if media is not None and trainer.is_world_process_zero():  # the processor loads next to the model
+        save_processor_files(cfg.model.model_name_or_path, cfg.training.output_dir)
+    return metrics
 
 
 def rl_kwargs(plan: RunPlan) -> dict[str, Any]:
@@ -98,6 +106,9 @@ def rl_kwargs(plan: RunPlan) -> dict[str, Any]:
         "steps_per_generation": rl.steps_per_generation,
         "reward_weights": list(rl.reward_weights),
     }
+    if rl.rollout_engine == "continuous_batching":
+        t = plan.cfg.training
+        kwargs |= cb_settings(plan, t.per_device_train_batch_size * rl.steps_per_generation)
     if plan.stage.name == "rloo":
         kwargs["normalize_advantages"] = rl.scale_rewards == "ppo_score_norm"
     else:
@@ -115,6 +126,11 @@ def tool_rollout(plan: RunPlan, template: Any, tokenizer: Any, train_ds: Any) ->
     specs = rlhf.split_specs(plan.cfg.finetuning.tool_funcs)
     if not specs:
         return None
+    if media_spec(plan.cfg) is not None:
+        raise ConfigError(
+            "tool_funcs: tool rollouts take text prompts; with image prompts (dataset "
+            f"{plan.cfg.data.dataset}) remove tool_funcs"
+        )
     from lmstack.train.tool_rollout import ToolRollout
 
     funcs = [rlhf.import_reward_func(spec, "tool_funcs") for spec in specs]
@@ -146,15 +162,17 @@ class _TemplatePrompts:
     """Prompts are our template's rendering (special tokens included): tokenized as they are."""
 
     def _tokenize_prompts(self, prompts: list):
+        if prompts and isinstance(prompts[0], list):  # image prompts: TRL's vision path (train/grpo_media.py)
+            return super()._tokenize_prompts(prompts)
         return self.processing_class(text=prompts, add_special_tokens=False)["input_ids"], None, {}
 
 
-class TemplatePromptGRPOTrainer(_TemplatePrompts, GRPOTrainer):
-    pass
+class TemplatePromptGRPOTrainer(_TemplatePrompts, FastRollouts, GRPOTrainer):
+    _returns_logprobs = True  # GRPOTrainer._generate_single_turn -> (completion_ids, logprobs)
 
 
-class TemplatePromptRLOOTrainer(_TemplatePrompts, RLOOTrainer):
-    pass
+class TemplatePromptRLOOTrainer(_TemplatePrompts, FastRollouts, RLOOTrainer):
+    _returns_logprobs = False  # RLOOTrainer._generate_single_turn -> completion_ids
 
 
 TRAINERS = {

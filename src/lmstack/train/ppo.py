@@ -358,7 +358,12 @@ def _save(
 ) -> dict:
     out = Path(cfg.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    from lmstack.models.adapter_save import follow_umask
+    from lmstack.reliability.outputs_record import output_files, record_outputs
+
+    before = output_files(out)  # what the save writes is recorded against this (overwrite removes it)
     policy.save_pretrained(out)  # adapter or weights + value_head.safetensors (the critic)
+    follow_umask(out)
     tokenizer.save_pretrained(out)
     runtime = time.time() - start
     metrics = {
@@ -375,5 +380,6 @@ def _save(
 
     save_config(cfg, out / common.CONFIG_FILE)
     rlhf.plot(cfg, ["loss", "reward", "kl"])
+    record_outputs(out, before)
     logger.info("outputs written to %s", out)
     return metrics

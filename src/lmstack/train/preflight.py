@@ -24,8 +24,32 @@ def _model(plan: RunPlan) -> None:
 def _template(plan: RunPlan) -> None:
     from lmstack.templates import get_template
 
-    if plan.cfg.data.template:
-        get_template(plan.cfg.data.template)
+    data = plan.cfg.data
+    if data.template or data.escape_special_tokens_in_content:
+        get_template(data.template, escape_content=data.escape_special_tokens_in_content)
+
+
+def _template_tokens(plan: RunPlan) -> None:
+    """A template that would add its turn tokens to the tokenizer is another family's (llama3 on a Qwen
+    tokenizer): refused, naming the template the tokenizer's own chat template matches. resize_vocab:
+    true says the new tokens are meant (their embeddings are trained from random)."""
+    from lmstack.models.load import check_model_path, load_tokenizer
+    from lmstack.plan.model_config import config_json
+    from lmstack.templates import get_template
+    from lmstack.templates.match import mismatch
+
+    cfg = plan.cfg
+    if not cfg.data.template or cfg.model.resize_vocab:
+        return
+    try:
+        check_model_path(cfg)  # a missing model or tokenizer is the model check's to report
+        template = get_template(cfg.data.template)  # an unknown name is the template check's
+    except LmstackError:
+        return
+    family = str((config_json(cfg) or {}).get("model_type", ""))
+    problem = mismatch(load_tokenizer(cfg), template, cfg.model.model_name_or_path, family)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _datasets(plan: RunPlan) -> None:
@@ -44,6 +68,9 @@ def _adapters(plan: RunPlan) -> None:
     cfg = plan.cfg
     if cfg.finetuning.finetuning_type != "lora" and cfg.model.adapter_name_or_path:
         raise ConfigError("adapter_name_or_path: adapters need finetuning_type: lora")
+    from lmstack.models.adapter_save import check_adapter_files
+
+    check_adapter_files(cfg.model.adapter_name_or_path)
 
 
 def _methods(plan: RunPlan) -> None:
@@ -88,11 +115,14 @@ def _evaluation(plan: RunPlan) -> None:
 
 
 def _deepspeed_device(plan: RunPlan) -> None:
-    # DeepSpeed's engine needs a CUDA GPU; on a CPU-only machine it fails inside from_pretrained
+    # DeepSpeed's engine needs a CUDA GPU; on a CPU-only machine it fails inside from_pretrained (and
+    # `pip install deepspeed` there only moves the crash into mpi4py), so the advice is to drop it here
     if plan.deepspeed is not None and plan.device != "cuda":
         raise ConfigError(
             f"deepspeed: {plan.deepspeed.ref} needs a CUDA GPU and this machine has none (device "
-            f"{plan.device}); remove deepspeed to train on {plan.device}, or run on a machine with a GPU"
+            f"{plan.device}); remove the deepspeed line to train on {plan.device} without "
+            "ZeRO, or run the YAML as it is on a machine with an NVIDIA GPU (installing deepspeed here does "
+            "not help: DeepSpeed trains on GPUs only)"
         )
 
 
@@ -109,15 +139,16 @@ def _best_model(plan: RunPlan) -> None:
 
 
 def _output_dir(plan: RunPlan) -> None:
-    from lmstack.reliability.output_dir import check_paths
+    from lmstack.reliability.path_guards import check_output_dir
 
-    check_paths(plan)  # never the model, an adapter or the data (nor inside / around one of them)
+    check_output_dir(plan.cfg)  # never the model, an adapter or the data (nor inside / around one); writable
 
 
 CHECKS: list[Callable[[RunPlan], None]] = [
     _output_dir,
     _model,
     _template,
+    _template_tokens,
     _datasets,
     _adapters,
     _methods,

@@ -45,24 +45,14 @@ def apply_allocator(plan: RunPlan) -> bool:
     return True
 
 
-# what imports torchao/bitsandbytes when they are installed (or caches whether they are): once one of
-# these is loaded, keeping the packages out could break it, so nothing is kept out
-_IMPORTERS = ("transformers", "peft", "accelerate", "trl", "liger_kernel", "unsloth", "deepspeed")
-
-
 def keep_out_unused(plan: RunPlan) -> list[str]:
     """Marks the packages the plan found unused (plan.kept_out) as absent in this process, before
     transformers or peft is imported: their availability checks (`importlib.util.find_spec`) then see
     no package and skip importing it. Only for a process that is this run's alone (`lmstack train`):
     the mark lasts as long as the process. Returns the packages kept out."""
-    import sys
+    from lmstack.launch.keep_out import keep_out
 
-    if not plan.kept_out or any(name in sys.modules for name in _IMPORTERS):
-        return []
-    kept = [name for name in plan.kept_out if name not in sys.modules]
-    for name in kept:
-        sys.modules[name] = None  # type: ignore[assignment]  # Python's mark for "import fails here"
-    return kept
+    return keep_out(plan.kept_out)
 
 
 def train(

@@ -9,8 +9,8 @@ from typing import Any
 
 from lmstack.config.schema import Config
 from lmstack.data.pipeline import DataBundle, build_datasets
+from lmstack.data.stats import WHOLE_TEXT  # the same whole-text cutoff as `lmstack check`
 from lmstack.data.tokenized import TokenizedDataset
-from lmstack.data.validate import WHOLE_TEXT  # the same whole-text cutoff as `lmstack check`
 from lmstack.plan.runplan import RunPlan
 
 logger = logging.getLogger(__name__)

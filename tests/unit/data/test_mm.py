@@ -23,7 +23,14 @@ VISION_TEMPLATE = {
     "qwen3_vl": "qwen3_vl_nothink",
     "qwen3_vl_moe": "qwen3_vl",
     "llava": "llava",
+    "gemma3": "gemma3",
+    "internvl": "intern_vl",
 }
+# the text each family's processor expands into one image's tokens
+RAW_IMAGE = {"llava": "<image>", "gemma3": "<start_of_image>", "internvl": "<IMG_CONTEXT>"}
+IMAGE_TOKEN = {"llava": "<image>", "gemma3": "<image_soft_token>", "internvl": "<IMG_CONTEXT>"}
+# LF's defaults of the tiling options, said to the processor (InternVLProcessor crops unless told not to)
+LF_OFF = {"internvl": {"crop_to_patches": False}, "gemma3": {"do_pan_and_scan": False}}
 QWEN_VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")
 
 
@@ -83,7 +90,9 @@ def processor_of(model: Path, family: str):
 
     try:
         return AutoProcessor.from_pretrained(model)
-    except ImportError:
+    except (ImportError, ValueError):  # InternVL's video processor: "requires `torchvision`" (a ValueError)
+        if family == "internvl":
+            return internvl_processor(model)
         from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
 
         tok = AutoTokenizer.from_pretrained(model)
@@ -104,6 +113,27 @@ def processor_of(model: Path, family: str):
         return proc
 
 
+def internvl_processor(model: Path):
+    """InternVLProcessor without its video processor (InternVLVideoProcessor needs torchvision): the
+    attributes its __init__ sets from the tokenizer's named tokens, with the PIL image processor."""
+    import re
+
+    from transformers import AutoImageProcessor, AutoTokenizer, InternVLProcessor
+
+    tok = AutoTokenizer.from_pretrained(model)
+    assert json.loads((model / "processor_config.json").read_text())["processor_class"] == "InternVLProcessor"
+    proc = InternVLProcessor.__new__(InternVLProcessor)
+    proc.tokenizer, proc.image_processor, proc.video_processor, proc.chat_template = (
+        tok, AutoImageProcessor.from_pretrained(model), None, None,
+    )  # fmt: skip
+    proc.image_seq_length = json.loads((model / "processor_config.json").read_text())["image_seq_length"]
+    proc.start_image_token, proc.end_image_token = tok.start_image_token, tok.end_image_token
+    proc.start_image_token_id, proc.end_image_token_id = tok.start_image_token_id, tok.end_image_token_id
+    proc.image_token, proc.image_token_id, proc.video_token = tok.context_image_token, tok.context_image_token_id, tok.video_token
+    proc.multimodal_pattern = re.compile(f"(?P<image>{re.escape(proc.image_token)})|(?P<video>{re.escape(proc.video_token)})")
+    return proc
+
+
 def test_tiny_vision_models_load_offline_through_the_auto_classes(tiny_vlm):
     from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
@@ -113,16 +143,19 @@ def test_tiny_vision_models_load_offline_through_the_auto_classes(tiny_vlm):
         "qwen3_vl": "Qwen3VLForConditionalGeneration",
         "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
         "llava": "LlavaForConditionalGeneration",
+        "gemma3": "Gemma3ForConditionalGeneration",
+        "internvl": "InternVLForConditionalGeneration",
     }
     for family, path in tiny_vlm.items():
         model = AutoModelForImageTextToText.from_pretrained(path)
         assert type(model).__name__ == expected[family]
         tok = AutoTokenizer.from_pretrained(path)
-        assert model.config.image_token_id == tok.convert_tokens_to_ids(
-            "<image>" if family == "llava" else "<|image_pad|>"
-        )
+        assert model.config.image_token_id == tok.convert_tokens_to_ids(IMAGE_TOKEN.get(family, "<|image_pad|>"))
         assert AutoImageProcessor.from_pretrained(path) is not None
-    assert type(AutoProcessor.from_pretrained(tiny_vlm["llava"])).__name__ == "LlavaProcessor"
+    for family, name in (("llava", "LlavaProcessor"), ("gemma3", "Gemma3Processor")):
+        assert type(AutoProcessor.from_pretrained(tiny_vlm[family])).__name__ == name
+    tok = AutoTokenizer.from_pretrained(tiny_vlm["gemma3"])  # the named tokens Gemma3Processor reads
+    assert (tok.boi_token, tok.image_token, tok.eoi_token) == ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
 
 
 @pytest.mark.parametrize("family", list(VISION_TEMPLATE))
@@ -140,18 +173,16 @@ def test_image_tokens_are_where_the_processor_puts_them_and_are_prompt(family, t
     template = get_template(VISION_TEMPLATE[family], proc.tokenizer)
     sample = build_datasets(cfg, proc.tokenizer, template).train[0]
 
-    raw = "<image>" if family == "llava" else "<|vision_start|><|image_pad|><|vision_end|>"
+    raw = RAW_IMAGE.get(family, "<|vision_start|><|image_pad|><|vision_end|>")
     text = template.render(
         [dict(m, content=m["content"].replace("<image>", raw)) for m in messages],
         template.default_system,
         proc.tokenizer,
     )
     spec_images = [load_image(str(tmp_path / p), _spec(cfg)) for p in images]
-    expected = proc(text=[text], images=spec_images)["input_ids"][0]
+    expected = proc(text=[text], images=spec_images, **LF_OFF.get(family, {}))["input_ids"][0]
     assert sample["input_ids"] == list(expected)
-    image_id = proc.tokenizer.convert_tokens_to_ids(
-        raw.split("<|vision_start|>")[-1].split("<|vision_end|>")[0]
-    )
+    image_id = proc.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN.get(family, "<|image_pad|>"))
     at = [i for i, t in enumerate(sample["input_ids"]) if t == image_id]
     assert len(at) > len(images)  # expanded, not one token per image
     assert all(sample["labels"][i] == -100 for i in at)

@@ -316,17 +316,33 @@ def test_trainer_fills_auto_from_the_yaml(base_cfg):
     )
 
 
-def test_train_without_deepspeed_package_names_the_install(base_cfg, monkeypatch):
-    from types import SimpleNamespace
+def test_a_gpu_machine_without_the_deepspeed_package_is_told_to_install_it(base_cfg):
+    from dataclasses import replace
 
-    from lmstack.train.run import train
+    from lmstack.config.load import build_config
+    from lmstack.plan.rules import check_rules
+    from lmstack.plan.runplan import RunPlan
+    from lmstack.plan.whatif import gpu_context
 
-    # as if deepspeed were not installed, seen by lmstack's check only
-    monkeypatch.setattr(ds, "importlib", SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None)))
-    with pytest.raises(
-        ConfigError, match=r"deepspeed: the `deepspeed` package is not installed; pip install deepspeed"
-    ):
-        train(None, {**base_cfg, "deepspeed": str(DS_DIR / "ds_z2_config.json")})
+    cfg = build_config({**base_cfg, "deepspeed": str(DS_DIR / "ds_z2_config.json")})
+    on_gpu = RunPlan.resolve(cfg, replace(gpu_context(1, 80), packages=frozenset()))
+    _, problems = check_rules(on_gpu, launch=True)
+    assert any("the `deepspeed` package is not installed; pip install deepspeed" in p for p in problems)
+
+
+def test_a_cpu_only_machine_is_not_told_to_install_deepspeed(base_cfg):
+    """There DeepSpeed cannot train at all (the install only moves the crash into mpi4py): preflight's
+    device check says to drop it instead."""
+    from lmstack.config.load import build_config
+    from lmstack.launch.context import LaunchContext
+    from lmstack.plan.runplan import RunPlan
+    from lmstack.train import preflight
+
+    cfg = build_config({**base_cfg, "deepspeed": str(DS_DIR / "ds_z2_config.json")})
+    with pytest.raises(ConfigError) as err:
+        preflight.check(RunPlan.resolve(cfg, LaunchContext(packages=frozenset())), launch=True)
+    assert "needs a CUDA GPU and this machine has none" in str(err.value)
+    assert "pip install deepspeed" not in str(err.value)
 
 
 @pytest.mark.parametrize(

@@ -81,3 +81,13 @@ def test_config_secrets_are_registered_and_saved_redacted(clean_registry, tmp_pa
     assert "a-token-value-123" not in repr(cfg)
     save_config(cfg, tmp_path / "c.yaml")
     assert yaml.safe_load((tmp_path / "c.yaml").read_text())["hf_hub_token"] == "***"
+
+
+def test_token_like_text_in_any_field_is_masked_in_the_saved_config(clean_registry, tmp_path):
+    token = "hf_AbCdEf0123456789xyz"
+    cfg = build_config(
+        {"model_name_or_path": "m", "output_dir": str(tmp_path), "default_system": f"use key {token}"}
+    )
+    save_config(cfg, tmp_path / "c.yaml")
+    saved = yaml.safe_load((tmp_path / "c.yaml").read_text())
+    assert token not in (tmp_path / "c.yaml").read_text() and saved["default_system"] == "use key ***"

@@ -1,0 +1,145 @@
+"""Tiny Gemma 3 and InternVL 3 models for `lmstack tiny-model DIR --vision gemma3|internvl` (tiny.py
+builds the tokenizer and saves everything): random-init models of the real architectures with the
+tokens, image processor and processor config their checkpoints ship, loadable offline without
+torchvision (the PIL image processors: Gemma3ImageProcessorPil, GotOcr2ImageProcessorPil).
+
+- gemma3: a SigLIP tower on 56 x 56 images (4 x 4 patches of 14), the projector's 2 x 2 average pool to
+  4 image tokens (`mm_tokens_per_image`), a Gemma 3 decoder with one sliding-window and one global
+  layer; tokens `<start_of_image>` `<image_soft_token>` `<end_of_image>` as the tokenizer's named
+  `boi_token` / `image_token` / `eoi_token` (Gemma3Processor reads them there).
+- internvl: InternVL's vision tower on 56 x 56 tiles, pixel shuffle 0.5 to 2 x 2 = 4 tokens per tile
+  (`image_seq_length`), a Qwen2 decoder; tokens `<img>` `<IMG_CONTEXT>` `</img>` `<video>` as the named
+  `start_image_token` / `context_image_token` / `end_image_token` / `video_token` (InternVLProcessor's).
+"""
+
+from __future__ import annotations
+
+TINY_TILE = 56  # the image (Gemma 3) or tile (InternVL) side the tiny processors resize to
+TINY_IMAGE_TOKENS = 4  # image tokens per image (Gemma 3) or per tile (InternVL)
+GEMMA3_TOKENS = {
+    "boi_token": "<start_of_image>",
+    "image_token": "<image_soft_token>",
+    "eoi_token": "<end_of_image>",
+}
+GEMMA3_TURNS = ["<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"]
+INTERNVL_TOKENS = {
+    "start_image_token": "<img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "end_image_token": "</img>",
+    "video_token": "<video>",
+}
+FAMILY_TOKENS = {"gemma3": GEMMA3_TOKENS, "internvl": INTERNVL_TOKENS}
+TINY_VISION_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+
+
+def add_family_tokens(tokenizer, family: str) -> None:
+    """The family's image tokens as named special tokens (saved in tokenizer_config.json's
+    extra_special_tokens, so `tokenizer.boi_token` etc. exist after from_pretrained); Gemma 3 also
+    gets its bos / eos and turn markers."""
+    named = FAMILY_TOKENS[family]
+    extra = list(named.values()) + (GEMMA3_TURNS[2:] if family == "gemma3" else [])
+    tokenizer.add_special_tokens({"additional_special_tokens": extra})
+    if family == "gemma3":
+        tokenizer.add_special_tokens({"bos_token": "<bos>", "eos_token": "<eos>"})
+    tokenizer._set_model_specific_special_tokens(named)
+    tokenizer.init_kwargs["extra_special_tokens"] = dict(named)
+
+
+def family_parts(tokenizer, family: str, text_dims: dict):
+    """(config, image processor, processor config) of the tiny `family`, its tokens added first."""
+    add_family_tokens(tokenizer, family)
+    return (gemma3_parts if family == "gemma3" else internvl_parts)(tokenizer, text_dims)
+
+
+def _text_common(tokenizer, text_dims: dict) -> dict:
+    return dict(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        **text_dims,
+    )
+
+
+def gemma3_parts(tokenizer, text_dims: dict):
+    """(config, image processor, processor config) of the tiny Gemma 3."""
+    from transformers import Gemma3Config
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    ids = {name: tokenizer.convert_tokens_to_ids(tok) for name, tok in GEMMA3_TOKENS.items()}
+    head_dim = text_dims["hidden_size"] // text_dims["num_attention_heads"]
+    text = dict(
+        _text_common(tokenizer, text_dims),
+        head_dim=head_dim,
+        query_pre_attn_scalar=head_dim,
+        sliding_window=64,
+        layer_types=["sliding_attention", "full_attention"][: text_dims["num_hidden_layers"]],
+    )
+    vision = dict(
+        model_type="siglip_vision_model",
+        image_size=TINY_TILE,
+        patch_size=14,
+        vision_use_head=False,
+        **TINY_VISION_DIMS,
+    )
+    config = Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=TINY_IMAGE_TOKENS,
+        boi_token_index=ids["boi_token"],
+        eoi_token_index=ids["eoi_token"],
+        image_token_index=ids["image_token"],
+        initializer_range=text_dims.get("initializer_range", 0.02),
+        tie_word_embeddings=True,
+    )
+    image_processor = Gemma3ImageProcessorPil(
+        size={"height": TINY_TILE, "width": TINY_TILE}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    )
+    processor = {"processor_class": "Gemma3Processor", "image_seq_length": TINY_IMAGE_TOKENS}
+    return config, image_processor, processor
+
+
+def internvl_parts(tokenizer, text_dims: dict):
+    """(config, image processor, processor config) of the tiny InternVL 3 (a Qwen2 decoder)."""
+    from transformers import InternVLConfig
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    vision = dict(
+        image_size=[TINY_TILE, TINY_TILE],
+        patch_size=[14, 14],
+        initializer_range=text_dims.get("initializer_range", 0.02),
+        **TINY_VISION_DIMS,
+    )
+    config = InternVLConfig(
+        vision_config=vision,
+        text_config=dict(model_type="qwen2", **_text_common(tokenizer, text_dims)),
+        image_token_id=tokenizer.convert_tokens_to_ids(INTERNVL_TOKENS["context_image_token"]),
+        image_seq_length=TINY_IMAGE_TOKENS,
+        downsample_ratio=0.5,
+        tie_word_embeddings=True,
+    )
+    # the checkpoints' preprocessor_config.json: 448-pixel tiles, ImageNet mean/std, no tiling unless asked
+    image_processor = GotOcr2ImageProcessorPil(
+        size={"height": TINY_TILE, "width": TINY_TILE},
+        image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+        crop_to_patches=False,
+        min_patches=1,
+        max_patches=12,
+    )
+    processor = {"processor_class": "InternVLProcessor", "image_seq_length": TINY_IMAGE_TOKENS}
+    return config, image_processor, processor
+
+
+def finish_model(model) -> None:
+    """Gemma 3 initializes its projection to zeros (a checkpoint brings trained weights): random here,
+    so the tiny model's image tokens depend on the pixels."""
+    import torch
+
+    projector = model.model.multi_modal_projector
+    if hasattr(projector, "mm_input_projection_weight"):
+        std = model.config.initializer_range
+        with torch.no_grad():
+            projector.mm_input_projection_weight.normal_(0.0, std)

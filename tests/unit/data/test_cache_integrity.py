@@ -1,0 +1,71 @@
+"""The tokenized cache keys a hub entry by the files it reads (not by its name), and rebuilds an entry
+one of whose files was deleted instead of training a dataset without that column."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import pytest
+from _data_helpers import DATA_DIR
+
+from lmstack.data.pipeline import load_split
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "lmstack" / "tokenized"
+
+
+def run(cfg, tokenizer, template, caplog, name) -> tuple[list[dict], str]:
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lmstack.data"):
+        data, _ = load_split(cfg, cfg.data.dataset, "dataset", tokenizer, template)
+    return data.to_samples(), "\n".join(
+        r.getMessage() for r in caplog.records if f"{name}:" in r.getMessage()
+    )
+
+
+def test_a_hub_entry_read_from_a_local_folder_is_keyed_by_its_files(
+    cache_dir, tmp_path, make_cfg, tiny_tokenizer, qwen, caplog
+):
+    data = tmp_path / "data"
+    (data / "hubset").mkdir(parents=True)
+    records = json.loads((DATA_DIR / "identity.json").read_text())
+    path = data / "hubset" / "train.json"
+    path.write_text(json.dumps(records))
+    entry = {"hf_hub_url": str(data / "hubset"), "columns": {"prompt": "instruction", "response": "output"}}
+    (data / "dataset_info.json").write_text(json.dumps({"hubset": entry}))
+    cfg = make_cfg(dataset="hubset", dataset_dir=str(data))
+    first, log = run(cfg, tiny_tokenizer, qwen, caplog, "hubset")
+    assert "tokenizing (cache miss, no earlier entry)" in log
+    again, log = run(cfg, tiny_tokenizer, qwen, caplog, "hubset")
+    assert "reusing tokenized cache" in log and again == first
+    stat = path.stat()
+    path.write_text(json.dumps([{**r, "output": r["output"].replace("I am", "U am")} for r in records]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the mtime does not tell
+    edited, log = run(cfg, tiny_tokenizer, qwen, caplog, "hubset")
+    assert "tokenizing (cache miss, changed: data (train.json))" in log
+    assert edited != first
+
+
+def test_an_entry_with_a_deleted_file_is_rebuilt(cache_dir, tmp_path, make_cfg, tiny_tokenizer, qwen, caplog):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("dataset_info.json", "identity.json"):
+        shutil.copy2(DATA_DIR / name, data / name)
+    cfg = make_cfg(dataset="identity", dataset_dir=str(data))
+    first, _ = run(cfg, tiny_tokenizer, qwen, caplog, "identity")
+    (entry,) = [p for p in cache_dir.iterdir() if p.name.startswith("identity-")]
+    labels = sorted(entry.glob("ragged.labels.*"))
+    assert labels
+    labels[0].unlink()
+    again, log = run(cfg, tiny_tokenizer, qwen, caplog, "identity")
+    assert f"is unreadable ({labels[0].name} is missing); tokenizing again" in log
+    assert again == first and all("labels" in s for s in again)
+    assert labels[0].is_file()  # the rebuilt entry is whole again
+    _, log = run(cfg, tiny_tokenizer, qwen, caplog, "identity")
+    assert "reusing tokenized cache" in log
