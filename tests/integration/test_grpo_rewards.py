@@ -124,10 +124,10 @@ def test_a_reward_model_and_functions_together(base_cfg, rm_dir):
 
 
 def test_grpo_trains_with_continuous_batching_rollouts(base_cfg):
-    """The plan's default rollout engine (transformers continuous batching on the LoRA policy in place)
+    """The continuous-batching rollout engine (transformers' paged engine on the LoRA policy in place)
     samples every rollout of a real run: the loss stays finite, the rewards and the rollout speed are
     logged, and the run manifest records the engine and why."""
-    run = grpo_run(base_cfg, reward_funcs="accuracy,length", max_steps=2)
+    run = grpo_run(base_cfg, reward_funcs="accuracy,length", max_steps=2, rollout_engine="continuous_batching")
     train(None, run)
     out = Path(run["output_dir"])
     steps = [ln for ln in log_lines(out) if "loss" in ln]

@@ -220,7 +220,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     # a hub id that is not cached while offline: one line, as `train` says it; the tokenizer is needed
     # only when the data's own lengths are read
-    check_model_path(cfg, tokenizer=not args.no_data)
+    check_model_path(cfg, tokenizer=not args.no_data, model_type=False)
     # the GPU is probed (torch imported) only when --gpus / --gpu-memory / --gpu leave something to read
     here = LaunchContext.from_env(probe_cuda=not (args.gpus and (args.gpu_memory or args.gpu)))
     gpus = args.gpus or max(here.gpu_count, 1)

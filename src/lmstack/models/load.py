@@ -20,16 +20,17 @@ def _looks_like_hub_id(name: str) -> bool:
     return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and not os.path.isabs(name)
 
 
-def check_model_path(cfg: Config, tokenizer: bool = True) -> None:
+def check_model_path(cfg: Config, tokenizer: bool = True, model_type: bool = True) -> None:
     """Fail before anything loads: a local path must exist; a hub id must be reachable or cached.
     `tokenizer`: the run reads the tokenizer (train, check, chat, a plan that reads the data); a plan
-    from config.json alone (`lmstack plan --no-data`) needs none."""
+    from config.json alone (`lmstack plan --no-data`) needs none. `model_type`: the model_type is one the
+    installed transformers knows (reading its table imports transformers and torch, which `plan` avoids)."""
     name = cfg.model.model_name_or_path
     path = Path(name).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
             raise ConfigError(f"model_name_or_path: {name} has no config.json; point it at a model directory")
-        check_remote_code(path, cfg.model.trust_remote_code)
+        check_remote_code(path, cfg.model.trust_remote_code, model_type)
         if tokenizer:
             check_tokenizer_files(path)
         return
@@ -69,7 +70,7 @@ def check_tokenizer_files(path: Path) -> None:
         )
 
 
-def check_remote_code(path: Path, trust_remote_code: bool) -> None:
+def check_remote_code(path: Path, trust_remote_code: bool, model_type: bool = True) -> None:
     config = model_facts.config_json(path)
     if config is None:
         raise ConfigError(
@@ -80,7 +81,8 @@ def check_remote_code(path: Path, trust_remote_code: bool) -> None:
             f"model_name_or_path: {path} ships its own modelling code (auto_map in config.json); "
             "lmstack runs it only with `trust_remote_code: true` — set it if you trust the source"
         )
-    _check_model_type(path, config)
+    if model_type:
+        _check_model_type(path, config)
 
 
 def _check_model_type(path: Path, config: dict) -> None:

@@ -39,7 +39,9 @@ def _plan(model: str, tmp_path: Path, **fields) -> RunPlan:
 
 
 def test_plan_picks_continuous_batching_and_a_set_field_wins(tmp_path):
-    p = _plan("m", tmp_path)
+    default = _plan("m", tmp_path)  # measured slower than model.generate on the H200: asked for, not default
+    assert default.rl.rollout_engine == "generate" and "measured slower" in default.reasons["rl"]
+    p = _plan("m", tmp_path, rollout_engine="continuous_batching")
     assert p.rl.rollout_engine == "continuous_batching"
     assert p.decisions()["rl"].endswith("rollouts continuous_batching")
     assert "paged KV cache" in p.reasons["rl"] and "in place" in p.reasons["rl"]
@@ -95,7 +97,7 @@ def _lora_trainer(plan: RunPlan):
 
 
 def test_continuous_batching_rollouts_equal_generate_with_the_adapter_in_place(tiny_model, tmp_path):
-    plan = _plan(str(tiny_model), tmp_path)
+    plan = _plan(str(tiny_model), tmp_path, rollout_engine="continuous_batching")
     trainer, tok = _lora_trainer(plan)
     assert trainer.use_transformers_continuous_batching  # the plan's engine reached TRL's config
     texts = ["Hello there", "What is 2 + 3?", "a", "Name three colours of the rainbow please", "7 x 6", "ok"]
@@ -136,7 +138,7 @@ def test_continuous_batching_decodes_with_cuda_graphs_and_matches_generate_on_gp
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 both ways: the engines differ in kernels only
-    plan = _plan(str(tiny_model), tmp_path)
+    plan = _plan(str(tiny_model), tmp_path, rollout_engine="continuous_batching")
     assert plan.device == "cuda"
     trainer, tok = _lora_trainer(plan)
     trainer.model.to("cuda")
