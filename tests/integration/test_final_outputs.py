@@ -50,7 +50,7 @@ def test_an_output_dir_that_is_a_file_or_read_only_is_refused_before_the_model_l
 ):
     afile = tmp_path / "taken"
     afile.write_text("not a folder")
-    with pytest.raises(ConfigError, match=f"output_dir: {afile} is a file, not a folder"):
+    with pytest.raises(ConfigError, match=f"output_dir: {afile} cannot be a folder: {afile} is an existing file"):
         train(None, {**cfg, "output_dir": str(afile)})
     out = read_only_dir / "run"
     with pytest.raises(ConfigError, match=f"output_dir: {read_only_dir} is not writable"):

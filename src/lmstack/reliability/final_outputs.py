@@ -28,9 +28,12 @@ def begin(out: Path) -> None:
 
 
 def complete(out: Path) -> None:
+    """Lists the files this save wrote (modified since begin()): an earlier run's files left in the
+    folder are not this run's outputs, and a user deleting them must not make the folder look torn."""
     files = {}
+    started = (out / PENDING).stat().st_mtime_ns if (out / PENDING).is_file() else 0
     for path in sorted(p for p in out.iterdir() if p.is_file() and not p.name.startswith(".")):
-        if path.name != FINAL:
+        if path.name != FINAL and path.stat().st_mtime_ns >= started:
             fsync_path(path)
             files[path.name] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
     tmp = out / f".{FINAL}.tmp"
