@@ -6,30 +6,18 @@ the record existed) is refused with a hint that, followed, works."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from cli_run import lmstack
+
 REPO = Path(__file__).resolve().parents[2]
 ADAPTER = ("adapter_config.json", "adapter_model.safetensors")
 
 
-def lmstack(*args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", "lmstack.cli.main", *args],
-        cwd=cwd,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 @pytest.fixture

@@ -4,27 +4,15 @@ the template the tokenizer's own chat template matches, never resize_vocab; the 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from cli_run import lmstack
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def lmstack(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", "lmstack.cli.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_another_familys_template_is_refused_naming_the_tokenizers_own(base_cfg, tmp_path):

@@ -4,28 +4,16 @@ and before output_dir is written; `strict: true` in the YAML is the same switch.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+
+from cli_run import lmstack
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = REPO / "tests" / "fixtures" / "bad_data"
 
 
-def lmstack(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", "lmstack.cli.main", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
 
 
 def test_train_strict_refuses_data_with_a_bad_json_line(base_cfg, tmp_path):
