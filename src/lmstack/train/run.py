@@ -60,9 +60,14 @@ def train(
 ) -> dict:
     """`own_process`: the process runs this training only (the CLI), so the packages the plan does not
     use may be kept out of it (keep_out_unused)."""
+    from lmstack.train import preflight
+
     cfg = load_config(config_path, overrides)
-    plan, notes = plan_run(cfg)
-    if own_process and (kept := keep_out_unused(plan)):
+    plan = RunPlan.resolve(cfg, LaunchContext.from_env())
+    # before the checks: the template check loads the tokenizer, which imports transformers
+    kept = keep_out_unused(plan) if own_process else []
+    notes = preflight.check(plan)
+    if kept:
         logger.info("not imported (unused by this run): %s", ", ".join(kept))
     from lmstack.reliability.output_dir import finished_run
     from lmstack.reliability.run_lock import acquire

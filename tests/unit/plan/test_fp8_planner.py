@@ -10,6 +10,7 @@ from contextlib import redirect_stdout
 from dataclasses import replace
 
 import pytest
+from chatml_tokenizer import write_chatml_tokenizer
 import yaml
 
 from lmstack.config.load import build_config
@@ -33,8 +34,7 @@ def model_dir(tmp_path, qwen_shapes):
         d.mkdir(exist_ok=True)
         config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **qwen_shapes[size]}
         (d / "config.json").write_text(json.dumps(config))
-        # nothing here loads a tokenizer, but the model-folder check asks for one: an empty tokenizer.json
-        (d / "tokenizer.json").write_text("{}")
+        write_chatml_tokenizer(d)
         return str(d)
 
     return make

@@ -135,7 +135,7 @@ def test_ppo_runs_in_one_process(base_cfg):
 
 
 def test_deepspeed_package_is_a_launch_rule(base_cfg):
-    ctx = replace(CPU, packages=frozenset())
+    ctx = replace(GPU, packages=frozenset())  # the install advice is for a machine with a CUDA GPU
     assert problems(base_cfg, ctx, deepspeed="z2") == []  # `lmstack check` on a machine without it
     assert any("pip install deepspeed" in p for p in problems(base_cfg, ctx, launch=True, deepspeed="z2"))
 

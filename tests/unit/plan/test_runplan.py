@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from chatml_tokenizer import write_chatml_tokenizer
 
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
@@ -118,8 +119,7 @@ def _model_dir(tmp_path: Path, shape: dict) -> str:
     (d / "config.json").write_text(
         json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **shape})
     )
-    # nothing here loads a tokenizer, but the model-folder check asks for one: an empty tokenizer.json
-    (d / "tokenizer.json").write_text("{}")
+    write_chatml_tokenizer(d)
     return str(d)
 
 
