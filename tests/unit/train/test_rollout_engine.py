@@ -19,7 +19,7 @@ FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "stages"
 MAX_NEW = 10
 
 
-def _plan(model: str, tmp_path: Path, **fields) -> RunPlan:
+def _plan(model: str, tmp_path: Path, ctx: LaunchContext | None = None, **fields) -> RunPlan:
     flat = {
         "model_name_or_path": model,
         "template": "qwen",
@@ -35,7 +35,7 @@ def _plan(model: str, tmp_path: Path, **fields) -> RunPlan:
         "report_to": "none",
         **fields,
     }
-    return RunPlan.resolve(build_config(flat), LaunchContext())
+    return RunPlan.resolve(build_config(flat), ctx or LaunchContext())
 
 
 def test_plan_picks_continuous_batching_and_a_set_field_wins(tmp_path):
@@ -138,7 +138,7 @@ def test_continuous_batching_decodes_with_cuda_graphs_and_matches_generate_on_gp
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 both ways: the engines differ in kernels only
-    plan = _plan(str(tiny_model), tmp_path, rollout_engine="continuous_batching")
+    plan = _plan(str(tiny_model), tmp_path, LaunchContext.from_env(), rollout_engine="continuous_batching")
     assert plan.device == "cuda"
     trainer, tok = _lora_trainer(plan)
     trainer.model.to("cuda")
