@@ -10,9 +10,9 @@ from contextlib import redirect_stdout
 from dataclasses import replace
 
 import pytest
-from chatml_tokenizer import write_chatml_tokenizer
 import yaml
 
+from chatml_tokenizer import write_chatml_tokenizer
 from lmstack.config.load import build_config
 from lmstack.memory import format_table, plan, resolve_auto, to_json
 from lmstack.memory.memory import GIB

@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from chatml_tokenizer import write_chatml_tokenizer
 
+from chatml_tokenizer import write_chatml_tokenizer
 from lmstack.config.errors import ConfigError
 from lmstack.config.load import build_config
 from lmstack.launch.context import LaunchContext
