@@ -47,18 +47,20 @@ def engine(api_cfg) -> ChatEngine:
     return ChatEngine.from_config(load_infer_config(None, api_cfg))
 
 
-def start_api(root: Path, cfg: dict, *args: str) -> tuple[str, subprocess.Popen]:
+def start_api(
+    root: Path, cfg: dict, *args: str, env: dict = ENV, port: tuple[str, ...] = ("--port", "0")
+) -> tuple[str, subprocess.Popen]:
     """(base_url, process): `lmstack api --port 0` in a subprocess; the URL is read from its stdout."""
     (root / "api.yaml").write_text(yaml.safe_dump(cfg))
     out, err = (root / "stdout.txt").open("w"), (root / "stderr.txt").open("w")
-    cmd = [sys.executable, "-m", "lmstack.cli.main", "api", str(root / "api.yaml"), "--port", "0", *args]
-    proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=ENV)
+    cmd = [sys.executable, "-m", "lmstack.cli.main", "api", str(root / "api.yaml"), *port, *args]
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
     out.close()
     err.close()
     url = None
     deadline = time.time() + 180
     while url is None and time.time() < deadline and proc.poll() is None:
-        match = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", (root / "stdout.txt").read_text())
+        match = re.search(r"at (http://[\d.]+:\d+/v1)", (root / "stdout.txt").read_text())
         url = match.group(1) if match else time.sleep(0.2)
     if url is None:
         proc.kill()
@@ -417,6 +419,28 @@ def test_bad_completions_requests_get_4xx_json_errors(server, body, status, mess
 
 def test_any_model_name_is_served_as_lf_does(client):
     assert client.chat.completions.create(model="gpt-4o", messages=HELLO, max_tokens=2).model == "gpt-4o"
+
+
+def free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def test_api_host_and_api_port_pick_the_address_as_with_lf(api_cfg, tmp_path):
+    """No --host/--port: LF's API_HOST/API_PORT decide where the server listens."""
+    host = "127.0.0.2"
+    port = free_port(host)
+    env = {**ENV, "API_HOST": host, "API_PORT": str(port)}
+    url, proc = start_api(tmp_path, api_cfg, env=env, port=())
+    try:
+        assert url == f"http://{host}:{port}/v1"
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+        assert client.chat.completions.create(model="gpt-3.5-turbo", messages=HELLO, max_tokens=2).choices
+    finally:
+        stop_api(proc)
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}])
