@@ -9,7 +9,6 @@ import asyncio
 import queue
 import random
 import threading
-import time
 
 import pytest
 
@@ -70,14 +69,27 @@ def test_a_steps_events_reach_the_shared_many_in_one_call(engine):
 
 
 def test_pieces_queued_while_the_loop_is_busy_arrive_as_one_per_choice(engine):
+    from lmstack.infer import runs as runs_module
     from lmstack.infer.server import Runs
 
     ids = engine.prompt_ids([{"role": "user", "content": "Tell me a story."}])
     sampling = Sampling(max_tokens=24, logprobs=True, top_logprobs=2)
 
     async def main():
+        loop = asyncio.get_running_loop()
+        many, handed_off = runs_module._many_for(loop), threading.Event()
+        results = []
+
+        def counting(items):  # the loop's delivery, noting when both choices' results were handed off
+            many(items)
+            results.extend(event for _, event in items if isinstance(event, Generation))
+            if len(results) == 2:
+                handed_off.set()
+
+        runs_module._MANY[loop] = counting
         runs = Runs(engine, [(ids, sampling), (ids, Sampling(max_tokens=24))], threading.Event())
-        time.sleep(3)  # the loop is blocked: every event of both choices queues up meanwhile
+        # the loop is blocked until every event of both choices has queued up (the timeout only guards)
+        assert handed_off.wait(120)
         return [batch async for batch in runs.batches()]
 
     batches = asyncio.run(main())

@@ -8,7 +8,14 @@ import time
 import torch.multiprocessing as mp
 
 
-def _worker(rank: int, port: int, flat: dict, main_sleep: float, results) -> None:
+def _until(results, key, guard_s: float = 120.0) -> None:
+    """Polls the shared dict until `key` is in it (the guard only ends a hang)."""
+    deadline = time.monotonic() + guard_s
+    while key not in results and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _worker(rank: int, port: int, flat: dict, main_until, results) -> None:
     import torch.distributed as dist
 
     from lmstack.config.errors import LmstackError
@@ -21,21 +28,23 @@ def _worker(rank: int, port: int, flat: dict, main_sleep: float, results) -> Non
     ldist.init_process_group(timeout_s, False, rank)
     group = ldist.barrier_group(timeout_s)
     if rank == 0:
-        time.sleep(main_sleep)  # the "tokenizing" main process
-    start = time.monotonic()
+        _until(results, main_until)  # the "tokenizing" main process, done when the test's event comes
+        results["main done"] = True
+    else:
+        results["rank 1 waiting"] = True
     try:
         ldist.wait_for_main(timeout_s, rank, group, "tokenizing the datasets")
-        results[rank] = ("ok", time.monotonic() - start)
+        results[rank] = ("ok", "main done" in results)
     except LmstackError as err:
-        results[rank] = (str(err), time.monotonic() - start)
+        results[rank] = (str(err), "main done" in results)
     except RuntimeError as err:  # rank 0 sees its peer give up
-        results[rank] = (f"runtime: {err}", time.monotonic() - start)
+        results[rank] = (f"runtime: {err}", True)
     finally:
         if rank != 0 or results[rank][0] == "ok":
             dist.destroy_process_group()
 
 
-def _run(base_cfg: dict, timeout_s: int, main_sleep: float) -> dict:
+def _run(base_cfg: dict, timeout_s: int, main_until) -> dict:
     from lmstack.launch.torchrun import free_port
 
     flat = {**base_cfg, "ddp_timeout": timeout_s, "use_cpu": True}
@@ -43,11 +52,11 @@ def _run(base_cfg: dict, timeout_s: int, main_sleep: float) -> dict:
     with ctx.Manager() as manager:
         results = manager.dict()
         port = free_port()
-        procs = [ctx.Process(target=_worker, args=(r, port, flat, main_sleep, results)) for r in range(2)]
+        procs = [ctx.Process(target=_worker, args=(r, port, flat, main_until, results)) for r in range(2)]
         for p in procs:
             p.start()
         for p in procs:
-            p.join(60)
+            p.join(300)  # a guard only: both ranks end on the events below
         for p in procs:
             if p.is_alive():
                 p.kill()
@@ -55,17 +64,18 @@ def _run(base_cfg: dict, timeout_s: int, main_sleep: float) -> dict:
 
 
 def test_ranks_wait_for_the_main_process(base_cfg):
-    results = _run(base_cfg, timeout_s=30, main_sleep=1.5)
-    assert results[1][0] == "ok" and results[1][1] >= 1.0  # rank 1 really waited for rank 0
+    # the main process finishes only once rank 1 is inside its wait: rank 1 must come out after it
+    results = _run(base_cfg, timeout_s=120, main_until="rank 1 waiting")
+    assert results[1] == ("ok", True)  # rank 1 really waited for rank 0
     assert results[0][0] == "ok"
 
 
 def test_wait_is_bounded_by_ddp_timeout_with_a_clear_message(base_cfg):
-    results = _run(base_cfg, timeout_s=2, main_sleep=6)
-    message, waited = results[1]
+    # the main process "tokenizes" until rank 1 has given up: an unbounded wait never returns
+    results = _run(base_cfg, timeout_s=2, main_until=1)
+    message, main_done = results[1]
     assert "rank 1: waited ddp_timeout=2 s for the main process (tokenizing the datasets)" in message
-    assert "raise ddp_timeout" in message
-    assert waited < 5
+    assert "raise ddp_timeout" in message and not main_done
 
 
 def test_ddp_skips_the_unused_parameter_search_unless_asked(base_cfg):
