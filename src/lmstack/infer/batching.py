@@ -341,6 +341,7 @@ class Scheduler:
             seq.finished = "length"
         if seq.finished is None and seq.cancel.is_set():
             seq.finished = "stop"
+            logger.info("client gone: generation stopped after %d of %d tokens", len(seq.out), s.max_tokens)
         hold = 0 if seq.finished else max((len(x) for x in s.stop), default=1) - 1
         self._emit(seq, len(seq.text) - hold)
 
