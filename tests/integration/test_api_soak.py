@@ -169,13 +169,13 @@ def settled(proc, base_url: str) -> tuple[int, int]:
         json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
         timeout=REQUEST_TIMEOUT,
     ).raise_for_status()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 300  # a guard only: idleness is the event waited for
     while True:  # a generation left running for a gone client would keep it busy
         before = sum(process.cpu_times()[:2])
         time.sleep(1.0)
         if sum(process.cpu_times()[:2]) - before < 0.05:
             return process.memory_info().rss, process.num_threads()
-        assert time.monotonic() < deadline, "the server is still busy 20 s after its clients finished"
+        assert time.monotonic() < deadline, "the server is still busy 300 s after its clients finished"
 
 
 @pytest.fixture

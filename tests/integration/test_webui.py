@@ -250,8 +250,9 @@ def start_stop_resume(page: Page, url: str, out: Path, share: Path) -> None:
     page.wait(
         lambda: points(page) > first, 150, "the loss plot to get more points"
     )  # a loaded 2-core box is slow
-    status = page.text("run-status")
-    assert "running" in status and f"/{STEPS}" in status and "ETA" in status and "tokens/s" in status, status
+    # the speed needs a second of the run's own elapsed_time between two log points: wait for it
+    status = page.wait_text("run-status", "tokens/s", 150)
+    assert "running" in status and f"/{STEPS}" in status and "ETA" in status, status
     page.click("btn-stop")
     page.wait_text("runs-msg", "SIGTERM")
     status = page.wait_text("run-status", "exit code 143", 120)
