@@ -98,4 +98,5 @@ def test_sigterm_to_the_whole_process_group_with_data_workers_still_saves(base_c
     assert proc.wait(timeout=300) == 143, log.read_text()[-3000:]
     text = log.read_text()
     assert "stopped by SIGTERM after step 4" in text and "exited unexpectedly" not in text
+    assert "error: stopped" not in text  # a requested stop saved a checkpoint: no error
     assert (Path(cfg["output_dir"]) / "checkpoint-4").is_dir()

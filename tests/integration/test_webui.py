@@ -113,7 +113,11 @@ class Page:
     def click(self, elem_id: str) -> None:
         el = self.css(f"#{elem_id}")
         self.d.execute_script("arguments[0].scrollIntoView({block: 'center'});", el)
-        el.click()
+        self.press(el, elem_id)
+
+    def press(self, el, what: str) -> None:
+        """Clicks `el` once nothing covers it (Gradio's loading overlay intercepts clicks meanwhile)."""
+        self.wait(lambda: el.click() or True, 30, f"{what} to take a click")
 
     def tab(self, name: str) -> None:
         self.click(f"tab-{name}-button")
@@ -121,7 +125,7 @@ class Page:
     def type(self, name: str, text: object) -> None:
         box = self.css(f"#f-{name} input, #f-{name} textarea")
         self.d.execute_script("arguments[0].scrollIntoView({block: 'center'});", box)
-        box.click()
+        self.press(box, name)
         box.send_keys(Keys.CONTROL, "a")
         box.send_keys(Keys.BACKSPACE)
         box.send_keys(str(text))
@@ -131,7 +135,7 @@ class Page:
         """Choose `value` in the dropdown of field `name` (its option label starts with the value)."""
         box = self.css(f"#f-{name} input[role=combobox]")
         self.d.execute_script("arguments[0].scrollIntoView({block: 'center'});", box)
-        box.click()
+        self.press(box, name)
         box.send_keys(Keys.CONTROL, "a")
         box.send_keys(Keys.BACKSPACE)
         box.send_keys(value)

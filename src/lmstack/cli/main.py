@@ -481,9 +481,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except LmstackError as err:
         from lmstack.config.secrets import redact
+        from lmstack.reliability import TrainingStopped
 
-        print(f"error: {redact(str(err))}", file=sys.stderr)
-        return getattr(err, "exit_code", 2)  # 143/130: stopped by SIGTERM/SIGINT after saving
+        # a requested stop (SIGTERM/SIGINT, 143/130) saved a checkpoint: it is no error
+        prefix = "" if isinstance(err, TrainingStopped) else "error: "
+        print(f"{prefix}{redact(str(err))}", file=sys.stderr)
+        return getattr(err, "exit_code", 2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
