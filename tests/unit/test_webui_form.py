@@ -300,3 +300,45 @@ def test_secrets_write_text_is_private_exactly_when_asked(tmp_path):
     finally:
         os.umask(old)
     assert [(tmp_path / n).stat().st_mode & 0o777 for n in "ab"] == [0o600, 0o644]
+
+
+def _finished_run(registry: RunRegistry, output_dir: Path, log: str, code: str | None = "0") -> None:
+    run = registry.run_dir(str(output_dir))
+    run.mkdir(parents=True)
+    meta = {"output_dir": str(output_dir), "started": 0, "pid": 2**22 + 17, "pid_start": "1"}
+    (run / "run.json").write_text(json.dumps(meta))
+    (run / "train.log").write_text(log)
+    if code is not None:
+        (run / "exit_code").write_text(code)
+
+
+def test_the_log_tail_shows_each_progress_bars_last_frame_without_escape_codes(tmp_path):
+    registry = RunRegistry(tmp_path / "share")
+    bars = "\r  0%|          | 0/3\r 33%|###       | 1/3\r100%|##########| 3/3\n"
+    _finished_run(registry, tmp_path / "out", f"start\n{bars}\x1b[A\x1b[2Kdone \x1b[32mok\x1b[0m\n")
+    shown = registry.view(str(tmp_path / "out")).log_tail
+    assert shown == "start\n100%|##########| 3/3\ndone ok"
+
+
+def test_stop_is_offered_only_while_the_run_is_running(tmp_path):
+    from types import SimpleNamespace
+
+    from lmstack.webui.runs_tab import _refresh
+
+    registry = RunRegistry(tmp_path / "share")
+    _finished_run(registry, tmp_path / "done", "finished\n")
+    refresh = _refresh(SimpleNamespace(registry=registry))
+    assert refresh("English", str(tmp_path / "done"))[3]["interactive"] is False
+    assert refresh("English", None)[3]["interactive"] is False
+    keeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a live pid
+    try:
+        from lmstack.webui.runs import process_start
+
+        _finished_run(registry, tmp_path / "live", "step 1\n", code=None)
+        meta_path = registry.run_dir(str(tmp_path / "live")) / "run.json"
+        meta = {**json.loads(meta_path.read_text()), "pid": keeper.pid, "pid_start": process_start(keeper.pid)}
+        meta_path.write_text(json.dumps(meta))
+        assert refresh("English", str(tmp_path / "live"))[3]["interactive"] is True
+    finally:
+        keeper.kill()
+        keeper.wait()

@@ -113,13 +113,26 @@ def tokens_per_second(records: list[dict]) -> float | None:
     return round(tokens / seconds, 1) if seconds > 0 and tokens > 0 else None
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def terminal_text(text: str) -> str:
+    """What a terminal would show of a log: each tqdm bar's last frame (the text after its last
+    carriage return), without cursor moves and colours (ESC[A and the like were shown as boxes)."""
+    lines = []
+    for line in _ANSI.sub("", text).split("\n"):
+        frames = [f for f in line.split("\r") if f.strip()]
+        lines.append(frames[-1] if frames else "")
+    return "\n".join(lines)
+
+
 def tail(path: Path, lines: int = 40, limit: int = 65536) -> str:
     if not path.is_file():
         return ""
     with path.open("rb") as fh:
         fh.seek(max(path.stat().st_size - limit, 0))
         text = fh.read().decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+    return "\n".join(terminal_text(text).splitlines()[-lines:])
 
 
 def gpu_memory() -> str:

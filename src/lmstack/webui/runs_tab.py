@@ -58,7 +58,7 @@ def build(ui: Ui) -> dict[str, Any]:
 
 
 def wire(ui: Ui, w: dict[str, Any], lang: Any, demo: gr.Blocks) -> None:
-    shown = [w["status"], w["plot"], w["log"]]
+    shown = [w["status"], w["plot"], w["log"], w["stop"]]
     refresh = _refresh(ui)
     w["timer"].tick(refresh, [lang, w["run"]], shown, show_progress="hidden")
     w["run"].change(refresh, [lang, w["run"]], shown, show_progress="hidden")
@@ -123,9 +123,10 @@ def _refresh(ui: Ui):
     def run(lang_label: str, output_dir: str | None) -> tuple:
         lang = LANGS.get(lang_label, "en")
         if not output_dir:
-            return t("no_run", lang), None, ""
+            return t("no_run", lang), None, "", gr.update(interactive=False)
         view = ui.registry.view(output_dir)
-        return status_html(view, lang), _curve(view), view.log_tail
+        stoppable = gr.update(interactive=view.state == "running")  # nothing to stop once it ended
+        return status_html(view, lang), _curve(view), view.log_tail, stoppable
 
     return run
 
