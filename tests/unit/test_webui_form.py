@@ -336,9 +336,41 @@ def test_stop_is_offered_only_while_the_run_is_running(tmp_path):
 
         _finished_run(registry, tmp_path / "live", "step 1\n", code=None)
         meta_path = registry.run_dir(str(tmp_path / "live")) / "run.json"
-        meta = {**json.loads(meta_path.read_text()), "pid": keeper.pid, "pid_start": process_start(keeper.pid)}
+        meta = {
+            **json.loads(meta_path.read_text()),
+            "pid": keeper.pid,
+            "pid_start": process_start(keeper.pid),
+        }
         meta_path.write_text(json.dumps(meta))
         assert refresh("English", str(tmp_path / "live"))[3]["interactive"] is True
     finally:
         keeper.kill()
         keeper.wait()
+
+
+def test_saving_over_a_yaml_keeps_its_comments_and_order():
+    from lmstack.webui.fields import to_yaml
+
+    previous = (
+        "### model\n"
+        "model_name_or_path: m  # the base\n"
+        "\n"
+        "### train\n"
+        "learning_rate: 1.0e-4\n"
+        "lora_target:\n"
+        "- q_proj\n"
+        "- v_proj\n"
+        "report_to: none\n"
+    )
+    flat = {"model_name_or_path": "m", "learning_rate": 5.0e-5, "lora_target": "all", "output_dir": "o"}
+    text = to_yaml(flat, previous)
+    assert yaml.safe_load(text) == flat  # removed keys gone, new ones added, values as the form has them
+    assert text.splitlines()[:5] == [
+        "### model",
+        "model_name_or_path: m",
+        "",
+        "### train",
+        "learning_rate: 5.0e-05",
+    ]
+    assert text.splitlines()[5:] == ["lora_target: all", "output_dir: o"]
+    assert to_yaml(flat) == yaml.safe_dump(flat, sort_keys=False)  # a new file: plain YAML

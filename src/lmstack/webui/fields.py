@@ -228,8 +228,38 @@ def flat_to_form(specs: list[FieldSpec], flat: dict[str, Any]) -> tuple[list[Any
     return [to_widget(spec, resolved[spec.name]) for spec in specs], list(flat)
 
 
-def to_yaml(flat: dict[str, Any]) -> str:
-    return yaml.safe_dump(flat, sort_keys=False, allow_unicode=True)
+def to_yaml(flat: dict[str, Any], previous: str | None = None) -> str:
+    """The YAML of `flat`; given the text of the file it replaces, that file's comments, blank lines
+    and key order are kept: each top-level key's lines are rewritten in place, removed keys dropped,
+    new ones appended."""
+    if not previous:
+        return yaml.safe_dump(flat, sort_keys=False, allow_unicode=True)
+    out: list[str] = []
+    written: set[str] = set()
+    skipping = False
+    for line in previous.splitlines():
+        key = _top_key(line)
+        if key is None and skipping and (line[:1] in (" ", "\t", "-") and line.strip()):
+            continue  # the rest of a rewritten key's block
+        skipping = False
+        if key is not None:
+            skipping = True
+            if key in flat and key not in written:
+                out.append(yaml.safe_dump({key: flat[key]}, allow_unicode=True).rstrip("\n"))
+                written.add(key)
+            continue
+        out.append(line)
+    rest = {k: v for k, v in flat.items() if k not in written}
+    text = "\n".join(out).rstrip("\n") + "\n"
+    return text + (yaml.safe_dump(rest, sort_keys=False, allow_unicode=True) if rest else "")
+
+
+def _top_key(line: str) -> str | None:
+    """The key of a top-level `key: value` line (None for comments, blanks and nested lines)."""
+    if not line or line[0] in " \t#-":
+        return None
+    key, sep, _ = line.partition(":")
+    return key.strip().strip("'\"") if sep else None
 
 
 def same_meaning(a: dict[str, Any], b: dict[str, Any]) -> bool:

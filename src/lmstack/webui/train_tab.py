@@ -153,8 +153,8 @@ def _save(ui: Ui):
             return message(t("need_path", lang), ok=False), gr.update()
         flat = ui.flat(keep, raw)
         build_config(dict(flat))  # the file written is one `lmstack train` accepts
-        text = to_yaml(flat)
         target = confine(path, ui.allowed)
+        text = to_yaml(flat, target.read_text(encoding="utf-8") if target.is_file() else None)
         target.parent.mkdir(parents=True, exist_ok=True)
         secrets.write_text(target, text, private=secrets.holds_secret(flat))
         return message(t("saved_yaml", lang, path=target)), text
