@@ -239,6 +239,8 @@ def preview_and_plan(page: Page) -> None:
         lambda: "recommendation" in page.value("train-out") and page.value("train-out"), 60, "plan"
     )
     assert "single" in table and "run plan" in table
+    box = page.css("#train-out textarea")  # the plan's columns stay aligned: no wrapping in the box
+    assert page.d.execute_script("return getComputedStyle(arguments[0]).whiteSpace", box) == "pre"
     page.click("btn-apply")
     assert "gradient_checkpointing: false" in page.wait_text("train-msg", "Applied")
     page.click("btn-preview-yaml")

@@ -14,7 +14,8 @@ from lmstack.webui.ui import Ui
 logger = logging.getLogger(__name__)
 
 CSS = """
-.lm-mono textarea { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px; }
+.lm-mono textarea { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 12px;
+  white-space: pre; overflow-x: auto; }
 .lm-example { white-space: pre-wrap; font-size: 12px; border: 1px solid #ddd; padding: 8px; border-radius: 6px; }
 .lm-trained { background: #c9f2c7; color: #0b5e0b; font-weight: 600; }
 .lm-masked { color: #8a8a8a; }
