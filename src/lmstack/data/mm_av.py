@@ -178,9 +178,10 @@ def av_stats(key: str, path_lists: list[str], rows: Any, tokenizer: Any) -> dict
     """`lmstack check`'s summary of a dataset's kept samples' videos / audio: files, samples with one,
     and their tokens (from the ids, as training feeds them)."""
     token_id = tokenizer.convert_tokens_to_ids((VIDEO_TOKENS if key == "videos" else AUDIO_TOKENS)[1])
-    ids = next((k for k in ("input_ids", "chosen_input_ids") if k in rows[0]), "input_ids") if path_lists else ""
+    # dpo rows: the chosen ids' tokens (the rejected ids hold the same media)
+    ids = "chosen_input_ids" if path_lists and "chosen_input_ids" in rows[0] else "input_ids"
     per = [(len(json.loads(text)), sum(1 for t in rows[i][ids] if t == token_id))
-           for i, text in enumerate(path_lists)]  # fmt: skip  (dpo: the chosen row's, as the rejected's)
+           for i, text in enumerate(path_lists)]  # fmt: skip
     tokens = [n for files, n in per if files]
     return {
         "files": sum(files for files, _ in per),
