@@ -1,6 +1,6 @@
 """Images at inference for the vision models lmstack trains (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Gemma 3,
 InternVL): the terminal
-chat's `/image PATH` command (and `/video PATH` for Qwen2-VL / Qwen2.5-VL, `/audio PATH` for
+chat's `/image PATH` command (and `/video PATH` for Qwen2-VL / Qwen2.5-VL / Qwen3-VL, `/audio PATH` for
 Qwen2-Audio, prepared as training prepares them: data/mm_av.py), and OpenAI `image_url` content parts
 (a local file or a data URL) for the API. The prompt is built as training builds it (data/mm.py: LLaMA-Factory's resize, the
 processor's image tokens; with no `<image>` placeholder in the text, one per image goes before it)."""
