@@ -414,7 +414,13 @@ def build_tiny_vision_model(
     tokenizer.save_pretrained(out)
     image_processor.save_pretrained(out)  # preprocessor_config.json: loads without torchvision
     (out / "processor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
-    if family in ("qwen2_vl", "qwen2_5_vl"):
-        video = _qwen2_vl_video_config(family == "qwen2_5_vl")
+    if family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
+        from lmstack.tiny_vision import qwen3_vl_video_config
+
+        video = (
+            qwen3_vl_video_config()
+            if family.startswith("qwen3")
+            else _qwen2_vl_video_config(family == "qwen2_5_vl")
+        )
         (out / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2) + "\n")
     return out

@@ -29,6 +29,9 @@ INTERNVL_TOKENS = {
     "video_token": "<video>",
 }
 FAMILY_TOKENS = {"gemma3": GEMMA3_TOKENS, "internvl": INTERNVL_TOKENS}
+# video processor bounds of the tiny Qwen3-VL (pixels of the whole clip: frames x height x width): a
+# 2-frame clip of 64x64 .. 8 frames of 128x128 (4..16 tokens per frame group, 32-pixel units)
+TINY_QWEN3_VL_VIDEO = dict(shortest_edge=2 * 64 * 64, longest_edge=8 * 128 * 128)
 TINY_VISION_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 
 
@@ -143,3 +146,29 @@ def finish_model(model) -> None:
         std = model.config.initializer_range
         with torch.no_grad():
             projector.mm_input_projection_weight.normal_(0.0, std)
+
+
+def qwen3_vl_video_config() -> dict:
+    """video_preprocessor_config.json of the tiny Qwen3-VL (dense and MoE), the keys the checkpoints ship
+    (patch 16, mean / std 0.5) with the class's sampling defaults written out; plain JSON, as the video
+    processor class needs torchvision to be built (lmstack reads it: data/media_video_qwen3.py)."""
+    return {
+        "video_processor_type": "Qwen3VLVideoProcessor",
+        "processor_class": "Qwen3VLProcessor",
+        "do_resize": True,
+        "resample": 3,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_convert_rgb": True,
+        "do_sample_frames": True,
+        "fps": 2,
+        "min_frames": 4,
+        "max_frames": 768,
+        "size": dict(TINY_QWEN3_VL_VIDEO),
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+    }

@@ -1,6 +1,6 @@
 """LF's video and audio demo layouts (mllm_video_demo: mp4 + avi; mllm_audio_demo: wav + flac + mp3, all
-made here) train through `lmstack train` (the real Trainer) on the tiny Qwen2-VL / Qwen2.5-VL and
-Qwen2-Audio: the loss falls, the adapter holds the language model only, and it reloads."""
+made here) train through `lmstack train` (the real Trainer) on the tiny Qwen2-VL / Qwen2.5-VL / Qwen3-VL
+(dense and MoE: timestamped frame groups) and Qwen2-Audio: the loss falls, the adapter holds the language model only, and it reloads."""
 
 from __future__ import annotations
 
@@ -15,8 +15,12 @@ from media_files import demo_dir
 MODEL_CLASS = {
     "qwen2_vl": "AutoModelForImageTextToText",
     "qwen2_5_vl": "AutoModelForImageTextToText",
+    "qwen3_vl": "AutoModelForImageTextToText",
+    "qwen3_vl_moe": "AutoModelForImageTextToText",
     "qwen2_audio": "Qwen2AudioForConditionalGeneration",
 }
+
+TEMPLATES = {"qwen2_audio": "qwen2_audio", "qwen3_vl": "qwen3_vl_nothink", "qwen3_vl_moe": "qwen3_vl_nothink"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +37,7 @@ def losses(out: Path) -> list[float]:
     return [json.loads(ln)["loss"] for ln in lines if "loss" in json.loads(ln)]
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen2_audio"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_audio"])
 def test_lora_on_video_and_audio_demos_loss_falls_and_adapter_reloads(family, tiny_media, base_cfg, tmp_path):
     import transformers
     from peft import PeftModel
@@ -43,7 +47,7 @@ def test_lora_on_video_and_audio_demos_loss_falls_and_adapter_reloads(family, ti
     cfg = {
         **base_cfg,
         "model_name_or_path": str(tiny_media[family]),
-        "template": "qwen2_audio" if kind == "audios" else "qwen2_vl",
+        "template": TEMPLATES.get(family, "qwen2_vl"),
         "dataset": f"mllm_{kind[:-1]}_demo",
         "dataset_dir": str(data),
         "cutoff_len": 512,
@@ -66,7 +70,7 @@ def test_lora_on_video_and_audio_demos_loss_falls_and_adapter_reloads(family, ti
     assert sum("lora_A" in n for n, _ in model.named_parameters()) == len(targets)
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_audio"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen2_audio"])
 def test_chat_video_and_audio_commands_build_the_training_prompt(family, tiny_media, base_cfg, tmp_path):
     from lmstack.config.load import build_config
     from lmstack.data.pipeline import build_datasets
@@ -79,7 +83,7 @@ def test_chat_video_and_audio_commands_build_the_training_prompt(family, tiny_me
         {
             **base_cfg,
             "model_name_or_path": str(tiny_media[family]),
-            "template": "qwen2_audio" if kind == "audios" else "qwen2_vl",
+            "template": TEMPLATES.get(family, "qwen2_vl"),
             "dataset": f"mllm_{kind[:-1]}_demo",
             "dataset_dir": str(data),
             "cutoff_len": 512,

@@ -2,8 +2,8 @@
 train_full/qwen3vl_full_sft.yaml, train_lora/qwen3vl_lora_dpo.yaml, extras/oft/qwen2_5vl_oft_sft.yaml,
 as LF ships them) pass `lmstack check` with only model_name_or_path and dataset_dir swapped: a tiny
 model of the same family, and a dataset_dir laid out as LF's data/ (mllm_demo with its two images per
-record, identity, alpaca_en_demo, rlhf_v). Their video_max_pixels (no video data in these runs) no
-longer blocks them; image_max_pixels resizes the images before the processor."""
+record, identity, alpaca_en_demo, rlhf_v; mllm_video_demo, the video dataset their comments name).
+image_max_pixels resizes the images, video_max_pixels the Qwen3-VL video frames, before the processor."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from media_files import write_video
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -229,6 +231,7 @@ RESIZED = "591x443"  # LF's resize: sqrt(262144 / 307200) = 0.9238 of each side,
 # the processors' own resize of 591x443: the tiny Qwen3-VL (32-pixel units, at most 128 x 128
 # pixels) and Qwen2.5-VL (28-pixel units, at most 112 x 112)
 MODEL_INPUT = {"qwen3_vl": "128x96", "qwen2_5_vl": "112x84"}
+VIDEO = (160, 120)  # the demo videos' stand-ins: 9 frames at 4 fps, larger than video_max_pixels 16384
 
 
 @pytest.fixture(scope="module")
@@ -284,6 +287,20 @@ def write_lf_data(folder: Path) -> Path:
         for i, answer in enumerate(["Red.", "Green.", "Blue."], start=1)
     ]
     (folder / "rlhf_v.json").write_text(json.dumps(pairs))
+    questions = ["Why is this video funny?", "What is she doing?", "What is the man doing?"]
+    for i, name in enumerate(["1.mp4", "2.avi", "3.mp4"]):
+        write_video(folder / "mllm_demo_data" / name, frames=9, size=VIDEO, fps=4, seed=i)
+    videos = [
+        {
+            "messages": [
+                {"content": f"<video>{q}", "role": "user"},
+                {"content": "A short clip.", "role": "assistant"},
+            ],
+            "videos": [f"mllm_demo_data/{name}"],
+        }
+        for q, name in zip(questions, ["1.mp4", "2.avi", "3.mp4"])
+    ]
+    (folder / "mllm_video_demo.json").write_text(json.dumps(videos))
     for name in ("identity.json", "alpaca_en_demo.json"):
         shutil.copyfile(REPO / "data" / name, folder / name)
     tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
@@ -300,6 +317,12 @@ def write_lf_data(folder: Path) -> Path:
             "file_name": "mllm_demo.json",
             "formatting": "sharegpt",
             "columns": {"messages": "messages", "images": "images"},
+            "tags": tags,
+        },
+        "mllm_video_demo": {
+            "file_name": "mllm_video_demo.json",
+            "formatting": "sharegpt",
+            "columns": {"messages": "messages", "videos": "videos"},
             "tags": tags,
         },
     }  # fmt: skip
@@ -343,7 +366,9 @@ def test_lfs_vision_example_yaml_passes_check_with_model_and_dataset_dir_swapped
     assert example.count("<|vision_start|>" + "<|image_pad|>" * 12 + "<|vision_end|>") == images // 3
 
 
-def test_lfs_oft_example_trains_the_language_model_of_the_tiny_qwen2_5_vl(tiny_models, lf_data, tmp_path, monkeypatch):
+def test_lfs_oft_example_trains_the_language_model_of_the_tiny_qwen2_5_vl(
+    tiny_models, lf_data, tmp_path, monkeypatch
+):
     """qwen2_5vl_oft_sft.yaml runs, not only checks: OFT (block size 32) on every linear layer of the
     language model, the vision tower and projector left out (LF's defaults freeze them), on LF's mixed
     image + text datasets; the adapter reloads onto the base model."""
@@ -368,3 +393,31 @@ def test_lfs_oft_example_trains_the_language_model_of_the_tiny_qwen2_5_vl(tiny_m
     assert sum("loss" in r for r in logs) == 3
     model = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(base), out)
     assert any("oft_R" in n for n, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize(
+    "name,text", [(e[0], e[1]) for e in EXAMPLES if e[0].startswith("qwen3vl_") and "sft" in e[0]]
+)
+def test_lfs_qwen3vl_sft_examples_pass_check_on_their_video_dataset(
+    name, text, tiny_models, lf_data, tmp_path, monkeypatch
+):
+    """The dataset their own comment names (`# video: mllm_video_demo`): video_max_pixels 16384 shrinks
+    the 160x120 frames to 147x110 (sqrt(16384 / 19200) of each side, truncated); LF samples floor(2.25 s
+    x video_fps 2) = 4 frames, the tiny processor keeps the 4 and resizes the clip to 160x96 (32-pixel
+    units, 4 x 96 x 160 within its bounds): 10 x 6 patches, 15 tokens per frame group, 2 groups at 0.25 s
+    and 1.25 s: 30 video tokens a video."""
+    from lmstack.cli.check import run_check
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(REPO / "examples" / "deepspeed", tmp_path / "examples" / "deepspeed")
+    (tmp_path / name).write_text(text)
+    swapped = {"model_name_or_path": str(tiny_models["qwen3_vl"]), "dataset_dir": str(lf_data),
+               "dataset": "mllm_video_demo"}  # fmt: skip
+    report, _ = run_check(str(tmp_path / name), swapped)
+    assert report["totals"]["problems"] == 0 and report["totals"]["dropped"] == {}
+    assert report["totals"]["kept"] == report["totals"]["records"] == 3
+    videos = report["datasets"][0]["videos"]
+    assert videos == {"files": 3, "samples": 3, "tokens": 90, "tokens_per_sample": {"min": 30, "max": 30}}
+    example = "".join(part["text"] for part in report["example"])
+    group = "<|vision_start|>" + "<|video_pad|>" * 15 + "<|vision_end|>"
+    assert f"<0.2 seconds>{group}<1.2 seconds>{group}Why is this video funny?" in example

@@ -60,7 +60,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     cfg = load_infer_config(args.config, args.overrides)
     engine = load_engine(cfg)  # infer_backend: huggingface | vllm | sglang
-    # a vision model: `/image PATH` attaches one (Qwen2-VL: `/video PATH` too; Qwen2-Audio: `/audio PATH`)
+    # a vision model: `/image PATH` attaches one (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: `/video PATH` too; Qwen2-Audio: `/audio PATH`)
     session = session_for(engine) or ChatSession(engine)
     if sys.stdin.isatty():
         chat_loop(session)

@@ -31,7 +31,7 @@ from typing import Any
 
 VIDEO_PLACEHOLDER = "<video>"
 VIDEO_TOKENS = ("<|vision_start|>", "<|video_pad|>", "<|vision_end|>")
-VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl")  # model types whose videos lmstack reads
+VIDEO_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")  # Qwen3-VL: media_video_qwen3.py
 
 
 @dataclass(frozen=True)
@@ -160,14 +160,17 @@ def video_seqlen(grid: tuple[int, int, int], spec: VideoSpec) -> int:
     return t * h * w // spec.merge_size**2
 
 
-def patchify(frames: list[Any], spec: VideoSpec) -> tuple[Any, tuple[int, int, int]]:
+def patchify(
+    frames: list[Any], spec: VideoSpec, size: tuple[int, int] | None = None
+) -> tuple[Any, tuple[int, int, int]]:
     """(patches [t*h*w, C*T*P*P] float32, (t, h, w)) of one video's regularized PIL frames, in the
-    Qwen2-VL video processor's layout."""
+    Qwen2-VL video processor's layout (Qwen3-VL's is the same); `size` (height, width): the frames'
+    resize target, else Qwen2-VL's smart_resize of the first frame."""
     import numpy as np
     from PIL import Image
 
     first = frames[0]
-    rh, rw = smart_resize(
+    rh, rw = size or smart_resize(
         first.height, first.width, spec.patch_size * spec.merge_size, spec.proc_min_pixels, spec.proc_max_pixels
     )  # fmt: skip
     mean = np.asarray(spec.image_mean, dtype=np.float32)[:, None, None]

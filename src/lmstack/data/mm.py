@@ -72,11 +72,12 @@ SUPPORTED = (
     "qwen3_vl), llava (template llava), gemma3 (template gemma3) and internvl (template intern_vl)"
 )
 AUDIO_SUPPORTED = "qwen2_audio (template qwen2_audio)"
-VIDEO_SUPPORTED = "qwen2_vl, qwen2_5_vl (template qwen2_vl)"
+VIDEO_SUPPORTED = (
+    "qwen2_vl, qwen2_5_vl (template qwen2_vl), qwen3_vl, qwen3_vl_moe (template qwen3_vl_nothink or qwen3_vl)"
+)
 NO_VIDEO_WHY = {  # why an image family lmstack trains reads no videos
     "gemma3": "Gemma 3 has no video input",
     "internvl": "InternVL's video path is not built: transformers' InternVLVideoProcessor needs torchvision",
-    "qwen3_vl": "Qwen3-VL's videos (16-pixel patches, frame timestamps in the text) are not built",
 }
 # LF's image options of one family: field -> (the family, what it does, the mm_plugin that reads it)
 FAMILY_IMAGE_OPTIONS = {
@@ -109,7 +110,7 @@ class MediaSpec:
     image_seqlen: int = 0  # llava: tokens per image
     image_size: int = 0  # llava: the square the processor crops every image to; gemma3 / intern_vl: a tile
     tiling: tuple = ()  # gemma3 / intern_vl: the image processor's crop settings (data/mm_tiles.py)
-    video: Any = None  # media_video.VideoSpec of a model that reads videos (Qwen2-VL, Qwen2.5-VL)
+    video: Any = None  # media_video.VideoSpec of a model that reads videos (Qwen2-VL, 2.5-VL, Qwen3-VL)
     audio: Any = None  # media_audio.AudioSpec of a model that reads audio (Qwen2-Audio)
 
     @property
@@ -160,11 +161,13 @@ def media_spec(cfg: Any) -> MediaSpec | None:
     proc = AutoImageProcessor.from_pretrained(path)
     size = dict(proc.size)
     from lmstack.data.media_video import video_spec
+    from lmstack.data.media_video_qwen3 import qwen3_video_spec
 
     return MediaSpec(
         MODEL_PLUGINS[kind],
-        # Qwen3-VL's videos are not built (NO_VIDEO_WHY): images only
-        video=video_spec(str(path), d, kind) if MODEL_PLUGINS[kind] == "qwen2_vl" else None,
+        video=video_spec(str(path), d, kind)
+        if MODEL_PLUGINS[kind] == "qwen2_vl"
+        else qwen3_video_spec(str(path), d),
         patch_size=proc.patch_size,
         merge_size=proc.merge_size,
         min_pixels=size.get("shortest_edge", size.get("min_pixels")),
@@ -242,7 +245,11 @@ def check_media_datasets(
             raise DataError(
                 f"dataset {', '.join(sets)} has {noun} input, but {cfg.model.model_name_or_path} is a "
                 f"{spec.model_type} model, which lmstack feeds no {noun}s"
-                + (f" ({NO_VIDEO_WHY[spec.model_type]})" if noun == "video" and spec.model_type in NO_VIDEO_WHY else "")
+                + (
+                    f" ({NO_VIDEO_WHY[spec.model_type]})"
+                    if noun == "video" and spec.model_type in NO_VIDEO_WHY
+                    else ""
+                )
                 + f"; {noun} input works with model types {supported}"
             )
     if cfg.finetuning.stage not in MEDIA_STAGES or (cfg.finetuning.stage != "sft" and (videos or audios)):

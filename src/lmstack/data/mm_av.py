@@ -20,6 +20,10 @@ from lmstack.data.encode_common import DropExample
 from lmstack.data.formats import RecordError
 from lmstack.data.media_audio import AUDIO_PLACEHOLDER, AUDIO_TOKENS, audio_frames, audio_seqlen, load_audio
 from lmstack.data.media_video import VIDEO_PLACEHOLDER, VIDEO_TOKENS, decode_video, grid_thw, video_seqlen
+from lmstack.data.media_video import video_inputs as qwen2_video_inputs
+from lmstack.data.media_video_qwen3 import Qwen3VideoSpec
+from lmstack.data.media_video_qwen3 import video_inputs as qwen3_video_inputs
+from lmstack.data.media_video_qwen3 import video_text as qwen3_video_text
 
 VIDEOS_CUT = "video tokens cut by cutoff_len"
 AUDIOS_CUT = "audio tokens cut by cutoff_len"
@@ -79,36 +83,47 @@ def expand_av(example: dict, spec: Any) -> tuple[dict, dict[str, list[str]], dic
             )
         if not files:
             continue
-        counts = []
+        texts = []
         for i, path in enumerate(files):
             try:
-                counts.append(video_count(path, spec) if noun == "video" else audio_count(path, spec))
+                texts.append(video_text(path, spec) if noun == "video" else audio_text(path, spec))
             except (OSError, ValueError, RuntimeError) as err:  # av / soundfile errors derive from these
                 raise _unreadable(f"{column}[{i}]", path, err) from None
-        example = _expand(example, placeholder, counts, VIDEO_TOKENS if noun == "video" else AUDIO_TOKENS)
-        paths[key], tokens[key] = files, sum(counts)
+        example = _expand(example, placeholder, [text for text, _ in texts])
+        paths[key], tokens[key] = files, sum(n for _, n in texts)
     return example, paths, tokens
 
 
-def video_count(path: str, spec: Any) -> int:
-    """`<|video_pad|>` tokens of one video file."""
+def video_text(path: str, spec: Any) -> tuple[str, int]:
+    """(the text one `<video>` of this file becomes, its `<|video_pad|>` count): Qwen3-VL's timestamped
+    frame groups (media_video_qwen3.py), else one `<|vision_start|>` pads `<|vision_end|>` block."""
     decoded = load_videos([path], spec)[0]
+    if isinstance(spec.video, Qwen3VideoSpec):
+        return qwen3_video_text(decoded, spec.video)
     first = decoded.frames[0]
-    return video_seqlen(grid_thw(len(decoded.frames), first.width, first.height, spec.video), spec.video)
+    n = video_seqlen(grid_thw(len(decoded.frames), first.width, first.height, spec.video), spec.video)
+    return VIDEO_TOKENS[0] + VIDEO_TOKENS[1] * n + VIDEO_TOKENS[2], n
 
 
-def audio_count(path: str, spec: Any) -> int:
-    """`<|AUDIO|>` tokens of one audio file."""
-    return audio_seqlen(audio_frames(len(load_audios([path], spec)[0]), spec.audio))
+def audio_text(path: str, spec: Any) -> tuple[str, int]:
+    """(the text one `<audio>` of this file becomes, its `<|AUDIO|>` count)."""
+    n = audio_seqlen(audio_frames(len(load_audios([path], spec)[0]), spec.audio))
+    return AUDIO_TOKENS[0] + AUDIO_TOKENS[1] * n + AUDIO_TOKENS[2], n
 
 
-def _expand(example: dict, placeholder: str, counts: list[int], marks: tuple[str, str, str]) -> dict:
-    before, token, after = marks
-    queue = iter(counts)
+def video_inputs(decoded: list[Any], spec: Any) -> dict:
+    """The model inputs of decoded videos (media_video.Decoded) under the media spec's video spec."""
+    if isinstance(spec.video, Qwen3VideoSpec):
+        return qwen3_video_inputs(decoded, spec.video)
+    return qwen2_video_inputs(decoded, spec.video)
+
+
+def _expand(example: dict, placeholder: str, texts: list[str]) -> dict:
+    queue = iter(texts)
 
     def expand(text: str) -> str:
         parts = text.split(placeholder)
-        return parts[0] + "".join(before + token * next(queue) + after + part for part in parts[1:])
+        return parts[0] + "".join(next(queue) + part for part in parts[1:])
 
     out = dict(example)
     for key in ("prompt", "response"):
@@ -133,10 +148,8 @@ def expand_inference(messages: list[dict], videos: list[str], audios: list[str],
             raise ValueError(
                 f"{_count(example, placeholder)} {placeholder} placeholder(s) for {len(files)} {noun}(s)"
             )
-        counts = [video_count(p, spec) if noun == "video" else audio_count(p, spec) for p in files]
-        messages = _expand(example, placeholder, counts, VIDEO_TOKENS if noun == "video" else AUDIO_TOKENS)[
-            "prompt"
-        ]
+        texts = [video_text(p, spec) if noun == "video" else audio_text(p, spec) for p in files]
+        messages = _expand(example, placeholder, [text for text, _ in texts])["prompt"]
     return messages
 
 
@@ -165,7 +178,9 @@ def av_stats(key: str, path_lists: list[str], rows: Any, tokenizer: Any) -> dict
     """`lmstack check`'s summary of a dataset's kept samples' videos / audio: files, samples with one,
     and their tokens (from the ids, as training feeds them)."""
     token_id = tokenizer.convert_tokens_to_ids((VIDEO_TOKENS if key == "videos" else AUDIO_TOKENS)[1])
-    per = [(len(json.loads(text)), sum(1 for t in rows[i]["input_ids"] if t == token_id))
+    # dpo rows: the chosen ids' tokens (the rejected ids hold the same media)
+    ids = "chosen_input_ids" if path_lists and "chosen_input_ids" in rows[0] else "input_ids"
+    per = [(len(json.loads(text)), sum(1 for t in rows[i][ids] if t == token_id))
            for i, text in enumerate(path_lists)]  # fmt: skip
     tokens = [n for files, n in per if files]
     return {

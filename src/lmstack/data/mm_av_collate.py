@@ -1,6 +1,6 @@
 """The videos and audio of a batch (data/mm_av.py): decoded and processed per batch, as images are
 (the tokenized cache holds ids and paths only). Videos: `pixel_values_videos`, `video_grid_thw` (+
-`second_per_grid_ts` for Qwen2.5-VL), and `mm_token_type_ids` 2 at the video tokens (transformers' Qwen2-VL
+`second_per_grid_ts` for Qwen2.5-VL; Qwen3-VL's frames and resize: media_video_qwen3.py), and `mm_token_type_ids` 2 at the video tokens (transformers' Qwen2-VL
 rope index reads 1 = image, 2 = video). Audio: `input_features`, `feature_attention_mask`. Each sample must
 still hold the tokens its files make now (a file replaced since tokenizing is named, not fed)."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from lmstack.config.errors import DataError
 from lmstack.data.media_audio import AUDIO_TOKENS, audio_inputs, audio_seqlen
-from lmstack.data.media_video import VIDEO_TOKENS, video_inputs
-from lmstack.data.mm_av import load_audios, load_videos, sample_paths
+from lmstack.data.media_video import VIDEO_TOKENS
+from lmstack.data.mm_av import load_audios, load_videos, sample_paths, video_inputs
 
 
 class AVBatcher:
@@ -28,7 +28,7 @@ class AVBatcher:
             per_sample = [sample_paths(f, "videos") for f in features]
             decoded = load_videos([p for s in per_sample for p in s], self.spec)
             if decoded:
-                inputs = video_inputs(decoded, self.spec.video)
+                inputs = video_inputs(decoded, self.spec)
                 per_video = (inputs["video_grid_thw"].prod(-1) // self.spec.video.merge_size**2).tolist()
                 self._check(ids, per_sample, per_video, self.video_id, "video")
                 batch.update(inputs)

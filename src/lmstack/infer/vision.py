@@ -1,6 +1,6 @@
 """Images at inference for the vision models lmstack trains (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Gemma 3,
 InternVL): the terminal
-chat's `/image PATH` command (and `/video PATH` for Qwen2-VL / Qwen2.5-VL, `/audio PATH` for
+chat's `/image PATH` command (and `/video PATH` for Qwen2-VL / Qwen2.5-VL / Qwen3-VL, `/audio PATH` for
 Qwen2-Audio, prepared as training prepares them: data/mm_av.py), and OpenAI `image_url` content parts
 (a local file or a data URL) for the API. The prompt is built as training builds it (data/mm.py: LLaMA-Factory's resize, the
 processor's image tokens; with no `<image>` placeholder in the text, one per image goes before it)."""
@@ -123,8 +123,7 @@ class VisionInputs:
         """(prompt ids, the extra model inputs) of a conversation ending with a user turn; `videos` /
         `audios`: file paths, in the order of their placeholders."""
         from lmstack.data.media_audio import audio_inputs
-        from lmstack.data.media_video import video_inputs
-        from lmstack.data.mm_av import expand_inference, load_audios, load_videos
+        from lmstack.data.mm_av import expand_inference, load_audios, load_videos, video_inputs
 
         images = [regularize(im, self.spec) for im in images]
         messages = inference_messages(messages, images, self.spec)
@@ -132,7 +131,7 @@ class VisionInputs:
         ids = self.engine.prompt_ids(messages, system)
         extra = pixel_inputs(images, self.spec, self.image_processor)
         if videos:
-            extra.update(video_inputs(load_videos(list(videos), self.spec), self.spec.video))
+            extra.update(video_inputs(load_videos(list(videos), self.spec), self.spec))
         if audios:
             extra.update(
                 audio_inputs(load_audios(list(audios), self.spec), self.spec.audio, self.feature_extractor)
