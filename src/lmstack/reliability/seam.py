@@ -99,6 +99,20 @@ HOOKS: tuple[Hook, ...] = (
         "lmstack.train.grpo:_TemplatePrompts",
         exact=True,
     ),
+    # train/rollout_engine.py: the continuous-batching rollout without TRL's in-place bf16 cast, one
+    # engine kept per run, each rollout's speed logged
+    Hook(
+        "trl:GRPOTrainer",
+        "_generate_single_turn",
+        ("prompt_ids", "images", "multimodal_fields"),
+        "lmstack.train.rollout_engine:FastRollouts",
+    ),
+    Hook(
+        "trl:RLOOTrainer",
+        "_generate_single_turn",
+        ("prompt_ids", "images", "multimodal_fields"),
+        "lmstack.train.rollout_engine:FastRollouts",
+    ),
 )
 
 

@@ -25,7 +25,6 @@ from typing import Any
 
 from lmstack.config.errors import ConfigError, LmstackError
 from lmstack.config.schema import Config
-from lmstack.launch.dist import barrier
 from lmstack.models.adapter_save import (
     ADAPTER_FILE,
     check_adapter_file,
@@ -35,6 +34,7 @@ from lmstack.models.adapter_save import (
     save_fsdp_adapter,
 )
 from lmstack.reliability import NonFiniteLoss, TrainingStopped
+from lmstack.reliability.callbacks import ReliabilityCallback
 from lmstack.reliability.checkpoint import (
     checkpoint_step,
     commit_checkpoint,
@@ -44,53 +44,6 @@ from lmstack.reliability.checkpoint import (
 from lmstack.reliability.signals import StopSignals, workers_ignore_stop_signals
 
 logger = logging.getLogger(__name__)
-
-
-def _all_ranks_max(values: list[float], device: Any) -> list[float]:
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return tensor.tolist()
-
-
-def _follow_cadence(args: Any, state: Any) -> None:
-    """A resume loads the checkpoint's trainer state, which holds that run's logging/eval/save steps
-    (the Trainer would keep them): this run's values apply (a safe change, see output_dir.py)."""
-    state.compute_steps(args, state.max_steps)
-
-
-def _make_callback(trainer: Any) -> Any:
-    from transformers import TrainerCallback
-
-    class Reliability(TrainerCallback):
-        """Once per optimizer step, all ranks agree on (stop signal, non-finite loss)."""
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            _follow_cadence(args, state)
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            trainer._lm_guard_optimizer()
-            signum, nonfinite = _all_ranks_max(
-                [float(trainer._lm_signals.received), float(trainer._lm_nonfinite)], args.device
-            )
-            trainer._lm_nonfinite = False
-            if signum and not trainer._lm_stop_signal:
-                trainer._lm_stop_signal = int(signum)
-            trainer._lm_skip_update = False
-            if nonfinite:
-                trainer._lm_on_nonfinite(state.global_step + 1)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if trainer._lm_stop_signal and not trainer._lm_stop_step:
-                trainer._lm_stop_step = state.global_step
-                control.should_save = True  # even with save_strategy: no, a stop request saves
-                control.should_training_stop = True
-
-    return Reliability()
 
 
 class ReliableMixin:
@@ -116,7 +69,7 @@ class ReliableMixin:
         self._lm_stop_step = 0
         self._lm_staging: Path | None = None
         self._lm_run: dict | None = None  # manifest.run_identity, stored in every checkpoint's manifest
-        self.add_callback(_make_callback(self))
+        self.add_callback(ReliabilityCallback(self))
 
     # ---- train: signals + run manifest ----------------------------------------------------------
     def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -368,33 +321,3 @@ class ReliableMixin:
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         self._lm_safe_load("optimizer/scheduler", checkpoint, super()._load_optimizer_and_scheduler)
-
-
-def manifest_callback(cfg: Config | None = None) -> Any:
-    """For trainers without ReliableMixin (no staging): the manifest is still written last, after
-    every rank has saved, so resume never picks a half-written checkpoint. With `cfg`, it records the
-    run (config and data; these trainers get no plan) so a resume can refuse changed settings."""
-    from transformers import TrainerCallback
-
-    from lmstack.reliability.checkpoint import MANIFEST, write_manifest
-    from lmstack.reliability.manifest import run_identity
-
-    class CheckpointManifest(TrainerCallback):
-        run: dict | None = None
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            _follow_cadence(args, state)
-
-        def on_save(self, args, state, control, **kwargs):
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if not folder.is_dir() or (folder / MANIFEST).is_file():
-                return  # ReliableMixin trainers commit with the manifest already
-            barrier()
-            if state.is_world_process_zero:
-                if cfg is not None and self.run is None:
-                    self.run = run_identity(cfg, None)
-                write_manifest(folder, {"step": state.global_step, "epoch": state.epoch, **(self.run or {})})
-                logger.info("checkpoint complete: %s", folder)
-            barrier()
-
-    return CheckpointManifest()

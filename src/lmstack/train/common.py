@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmstack.config.errors import LmstackError
+from lmstack.config.errors import ConfigError
 from lmstack.config.load import save_config
 from lmstack.config.schema import Config
 from lmstack.plan.runplan import RunPlan
@@ -117,7 +117,7 @@ def checked_init(cls: type, kwargs: dict[str, Any]) -> Any:
             installed = f"{package} {version(package)}"
         except PackageNotFoundError:
             installed = f"the installed {package}"
-        raise LmstackError(
+        raise ConfigError(
             f"{cls.__name__} of {installed} has no field {', '.join(unknown)}, which lmstack sets; "
             "install the transformers/TRL versions lmstack supports (pyproject.toml)"
         )
@@ -287,13 +287,13 @@ def make_callbacks(cfg: Config) -> list:
             with (Path(args.output_dir) / LOG_FILE).open("a") as fh:
                 fh.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")
 
-    from lmstack.reliability.trainer import manifest_callback
+    from lmstack.reliability.callbacks import CheckpointManifest
 
     # manifest: only for trainers without ReliableMixin; with the config, so it records the run
     return [
         LogCallback(),
         _save_last_step(),
-        manifest_callback(cfg),
+        CheckpointManifest(cfg),
         *best_model.callbacks(cfg),
         *trackers.callbacks(cfg),
     ]

@@ -41,6 +41,7 @@ def run(plan: RunPlan) -> dict:
     )
     train_ds = rlhf.to_dataset(data.train, columns)
     eval_ds = rlhf.to_dataset(data.eval, columns) if data.eval is not None else None
+    args = preference_config(plan)  # a key the installed TRL lacks fails here, before the weights load
 
     model = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, model)
@@ -49,31 +50,20 @@ def run(plan: RunPlan) -> dict:
     loss = cfg.finetuning.pref_loss
     ref_model = rlhf.reference_model(plan, tokenizer, needs_reference=loss not in REFERENCE_FREE)
 
-    trainer = build_trainer(plan, model, ref_model, tokenizer, train_ds, eval_ds, media)
+    trainer = build_trainer(plan, model, ref_model, tokenizer, train_ds, eval_ds, media, args)
     metrics = common.train_and_save(plan, trainer, resume, ("rewards/accuracies", "rewards/margins"))
     if media is not None and trainer.is_world_process_zero():
         save_processor_files(cfg.model.model_name_or_path, cfg.training.output_dir)
     return metrics
 
 
-def build_trainer(
-    plan: RunPlan, model: Any, ref_model: Any, tokenizer: Any, train_ds: Any, eval_ds: Any, media: Any = None
-) -> Any:
-    cfg = plan.cfg
-    ft = cfg.finetuning
-    common_kwargs = dict(
-        lmstack_cfg=cfg,  # every trainer below has ReliableMixin: staged checkpoints, SIGTERM save, on_nonfinite
-        lmstack_plan=plan.to_dict(),
-        model=model,
-        train_dataset=train_ds,
-        eval_dataset=eval_ds,
-        processing_class=tokenizer,
-        callbacks=common.make_callbacks(cfg),
-    )
+def preference_config(plan: RunPlan) -> Any:
+    """The TRL config of this pref_loss: DPOConfig, or ORPO/CPO's for the reference-free losses."""
+    ft = plan.cfg.finetuning
     if ft.pref_loss in REFERENCE_FREE:  # TRL's experimental trainers, imported only for these
-        from lmstack.train.pref_rows import reference_free_trainer
+        from lmstack.train.pref_rows import reference_free_config
 
-        return reference_free_trainer(plan, common_kwargs)
+        return reference_free_config(plan)
     loss_types, weights = [ft.pref_loss], [1.0]
     if ft.dpo_label_smoothing > 0:
         logger.info(
@@ -84,7 +74,7 @@ def build_trainer(
         loss_types = ["robust"]
     if ft.pref_ftx > 0:
         loss_types, weights = loss_types + ["sft"], weights + [ft.pref_ftx]
-    args = rlhf.trl_config(
+    return rlhf.trl_config(
         plan,
         DPOConfig,
         beta=ft.pref_beta,
@@ -93,6 +83,34 @@ def build_trainer(
         label_smoothing=ft.dpo_label_smoothing,
         max_length=None,  # rows are already cut to cutoff_len by our encoder
     )
+
+
+def build_trainer(
+    plan: RunPlan,
+    model: Any,
+    ref_model: Any,
+    tokenizer: Any,
+    train_ds: Any,
+    eval_ds: Any,
+    media: Any = None,
+    args: Any = None,
+) -> Any:
+    """The trainer of this pref_loss; `args` from preference_config (built here when not given)."""
+    cfg = plan.cfg
+    args = preference_config(plan) if args is None else args
+    common_kwargs = dict(
+        lmstack_cfg=cfg,  # every trainer below has ReliableMixin: staged checkpoints, SIGTERM save, on_nonfinite
+        lmstack_plan=plan.to_dict(),
+        model=model,
+        train_dataset=train_ds,
+        eval_dataset=eval_ds,
+        processing_class=tokenizer,
+        callbacks=common.make_callbacks(cfg),
+    )
+    if cfg.finetuning.pref_loss in REFERENCE_FREE:
+        from lmstack.train.pref_rows import reference_free_trainer
+
+        return reference_free_trainer(plan, common_kwargs, args)
     if media is not None:  # the pixels of each pair, for the policy and the reference forward
         from trl.trainer.dpo_trainer import DataCollatorForPreference
 

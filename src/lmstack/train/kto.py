@@ -36,14 +36,7 @@ def run(plan: RunPlan) -> dict:
     eval_ds = rlhf.to_dataset(data.eval, columns) if data.eval is not None else None
     desirable = sum(train_ds["label"])
     logger.info("kto data: %d desirable, %d undesirable", desirable, len(train_ds) - desirable)
-
-    model = load_model(plan.model_spec(), tokenizer)
-    common.enable_gradient_checkpointing(plan, model)
-    model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
-    model = apply_speedups(plan.speedup_spec(), model)  # FP8 GEMMs, regional compile (plan.fp8 / compile)
-    ref_model = rlhf.reference_model(plan, tokenizer)
-
-    ft = cfg.finetuning
+    ft = cfg.finetuning  # the config is built (and its keys checked) before the weights load
     args = rlhf.trl_config(
         plan,
         KTOConfig,
@@ -53,6 +46,13 @@ def run(plan: RunPlan) -> dict:
         max_length=None,  # rows are already cut to cutoff_len by our encoder
         train_sampling_strategy="sequential",
     )
+
+    model = load_model(plan.model_spec(), tokenizer)
+    common.enable_gradient_checkpointing(plan, model)
+    model = setup_finetuning(cfg, model, lora_kernel=plan.lora_kernel)
+    model = apply_speedups(plan.speedup_spec(), model)  # FP8 GEMMs, regional compile (plan.fp8 / compile)
+    ref_model = rlhf.reference_model(plan, tokenizer)
+
     trainer = ReliableKTOTrainer(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
         kl_chunk=cfg.data.preprocessing_batch_size,
         lmstack_cfg=cfg,

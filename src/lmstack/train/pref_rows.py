@@ -36,14 +36,13 @@ class ReliableCPOTrainer(ReliableMixin, PretokenizedRows, CPOTrainer):
     """pref_loss: simpo."""
 
 
-def reference_free_trainer(plan: RunPlan, common_kwargs: dict) -> Any:
-    """pref_loss orpo -> ORPOTrainer; simpo -> CPOTrainer(loss_type="simpo")."""
+def reference_free_config(plan: RunPlan) -> Any:
+    """pref_loss orpo -> ORPOConfig; simpo -> CPOConfig(loss_type="simpo")."""
     cfg = plan.cfg
     ft = cfg.finetuning
     if ft.pref_loss == "orpo":
-        args = rlhf.trl_config(plan, ORPOConfig, beta=ft.pref_beta, max_length=cfg.data.cutoff_len)
-        return ReliableORPOTrainer(args=args, **common_kwargs)
-    args = rlhf.trl_config(
+        return rlhf.trl_config(plan, ORPOConfig, beta=ft.pref_beta, max_length=cfg.data.cutoff_len)
+    return rlhf.trl_config(
         plan,
         CPOConfig,
         loss_type="simpo",
@@ -52,4 +51,10 @@ def reference_free_trainer(plan: RunPlan, common_kwargs: dict) -> Any:
         cpo_alpha=ft.pref_ftx,
         max_length=cfg.data.cutoff_len,
     )
-    return ReliableCPOTrainer(args=args, **common_kwargs)
+
+
+def reference_free_trainer(plan: RunPlan, common_kwargs: dict, args: Any) -> Any:
+    """pref_loss orpo -> ORPOTrainer; simpo -> CPOTrainer(loss_type="simpo"), with `args` from
+    reference_free_config."""
+    trainer_cls = ReliableORPOTrainer if plan.cfg.finetuning.pref_loss == "orpo" else ReliableCPOTrainer
+    return trainer_cls(args=args, **common_kwargs)

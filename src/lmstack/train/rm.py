@@ -31,6 +31,8 @@ def run(plan: RunPlan) -> dict:
     data = build_datasets(cfg, tokenizer, template)  # fails here, before the model loads, on bad data
     train_ds = rlhf.to_dataset(data.train, rows)
     eval_ds = rlhf.to_dataset(data.eval, rows) if data.eval is not None else None
+    # the config is built (and its keys checked) before the weights load
+    args = rlhf.trl_config(plan, RewardConfig, max_length=cfg.data.cutoff_len, disable_dropout=True)
 
     backbone = load_model(plan.model_spec(), tokenizer)
     common.enable_gradient_checkpointing(plan, backbone)
@@ -41,7 +43,6 @@ def run(plan: RunPlan) -> dict:
     backbone.config.num_labels = 1  # one scalar per sequence (TRL checks it)
     model = ValueHeadModel(backbone)
 
-    args = rlhf.trl_config(plan, RewardConfig, max_length=cfg.data.cutoff_len, disable_dropout=True)
     trainer = ReliableRewardTrainer(  # staged checkpoints + manifest, SIGTERM save, on_nonfinite
         lmstack_cfg=cfg,
         lmstack_plan=plan.to_dict(),

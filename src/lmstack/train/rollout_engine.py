@@ -47,14 +47,23 @@ def cb_settings(plan: Any, requests: int) -> dict[str, Any]:
 
 
 def _known_fields(wanted: dict[str, Any]) -> dict[str, Any]:
-    """The settings this transformers' ContinuousBatchingConfig has (page_size was block_size before 5.17):
-    a setting an older version lacks keeps that version's own default."""
+    """`wanted` as this transformers' ContinuousBatchingConfig names it (page_size was block_size before
+    5.17); a setting the installed class lacks is refused, never dropped: the engine would run without it."""
     from transformers.generation import ContinuousBatchingConfig
 
+    from lmstack.config.errors import ConfigError
+
     names = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
-    out = {k: v for k, v in wanted.items() if k in names}
-    if "page_size" not in names and "block_size" in names:
-        out["block_size"] = wanted["page_size"]
+    out = dict(wanted)
+    if "page_size" not in names and "block_size" in names and "page_size" in out:
+        out["block_size"] = out.pop("page_size")
+    unknown = sorted(set(out) - names)
+    if unknown:
+        raise ConfigError(
+            f"rollout_engine: continuous_batching: the installed transformers' ContinuousBatchingConfig has "
+            f"no setting {', '.join(unknown)}, which lmstack sets; install the transformers version lmstack "
+            "supports (pyproject.toml) or set rollout_engine: generate"
+        )
     return out
 
 

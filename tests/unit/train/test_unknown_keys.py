@@ -7,7 +7,7 @@ from importlib.metadata import version
 
 import pytest
 
-from lmstack.config.errors import LmstackError
+from lmstack.config.errors import ConfigError, LmstackError
 from lmstack.config.load import build_config
 from lmstack.launch.context import LaunchContext
 from lmstack.plan.runplan import RunPlan
@@ -23,7 +23,7 @@ def test_training_arguments_refuse_an_unknown_key():
     from transformers import TrainingArguments
 
     with pytest.raises(
-        LmstackError,
+        ConfigError,
         match=rf"TrainingArguments of transformers {version('transformers')} "
         r"has no field no_such_field\b",
     ):
@@ -53,3 +53,14 @@ def test_grpo_config_is_not_given_rloo_only_keys(tiny_model):
     # normalize_advantages is RLOOConfig's only: passing it to GRPOConfig is refused, so grpo leaves it out
     with pytest.raises(LmstackError, match="normalize_advantages"):
         rlhf.trl_config(_plan(tiny_model, stage="grpo"), GRPOConfig, normalize_advantages=True)
+
+
+def test_continuous_batching_refuses_a_setting_the_installed_engine_lacks():
+    from lmstack.train import rollout_engine
+
+    with pytest.raises(
+        ConfigError, match=r"rollout_engine: continuous_batching: .* no setting no_such_setting\b"
+    ):
+        rollout_engine._known_fields({"page_size": 256, "no_such_setting": 1})
+    kept = rollout_engine._known_fields({"page_size": 256, "num_blocks": 3})
+    assert kept.get("page_size", kept.get("block_size")) == 256 and kept["num_blocks"] == 3
