@@ -32,6 +32,9 @@ FULL_RECOMPUTE_BYTES = 2  # x s*b*h: only the layer input is kept
 OUTPUT_LAYER_BYTES = 4  # x s*b*V/t: fp32 logits on the last stage (Korthikanti §4.2)
 BUBBLE_WARN_FACTOR = 4  # micro batches > 4 x PP keep the 1F1B bubble under ~20%
 RECOMPUTE_CHOICES = (None, "selective", "full")
+# the families lmstack's own Megatron backend runs (models/megatron_weights.py): it splits their vocabulary
+# exactly, where Megatron-LM pads it, so for them TP must divide vocab_size too
+MEGATRON_BACKEND_FAMILIES = ("qwen2", "qwen3", "llama")
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,11 @@ def layout_errors(
         errs.append(
             f"TP={tp} does not divide num_key_value_heads={spec.num_kv_heads} "
             "(Megatron splits KV groups exactly; it does not replicate them)"
+        )
+    if spec.model_type in MEGATRON_BACKEND_FAMILIES and spec.vocab_size % tp:
+        errs.append(
+            f"TP={tp} does not divide vocab_size={spec.vocab_size} (lmstack's Megatron backend splits the "
+            "vocabulary exactly; it does not pad it)"
         )
     if spec.num_layers % pp:
         errs.append(f"PP={pp} does not divide num_layers={spec.num_layers}")
