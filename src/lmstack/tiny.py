@@ -139,10 +139,6 @@ TINY_QWEN2_VL_PIXELS = dict(min_pixels=56 * 56, max_pixels=112 * 112)
 TINY_LLAVA_IMAGE = 28  # CLIP input size: (28 / 14)^2 = 4 image tokens
 # video processor bounds of the tiny Qwen2-VL: frames of 56x56 .. 112x112 pixels, as its images
 TINY_QWEN2_VL_VIDEO = dict(TINY_QWEN2_VL_PIXELS)
-# Qwen3-VL's image processor is Qwen2-VL's with patch 16 and mean/std 0.5 (its preprocessor_config.json);
-# bounds of the tiny one: 4..16 merged tokens per image (64x64 .. 128x128 pixels, 32-pixel units)
-TINY_QWEN3_VL_PIXELS = dict(min_pixels=64 * 64, max_pixels=128 * 128)
-TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1)
 
 
 def _qwen2_vl_parts(tokenizer, text_dims: dict, v2_5: bool = False):
@@ -267,58 +263,6 @@ def _qwen2_audio_parts(tokenizer, text_dims: dict):
     return config, extractor, processor
 
 
-def _qwen3_vl_parts(tokenizer, text_dims: dict, moe: bool = False):
-    """Qwen3-VL (dense: Qwen3VLConfig; MoE: Qwen3VLMoeConfig): a SigLIP-style tower with learned
-    position embeddings, its patch merger and one DeepStack merger (features of vision block 0 added
-    to the first decoder layer), a Qwen3 decoder with interleaved M-RoPE."""
-    from transformers import Qwen3VLConfig, Qwen3VLMoeConfig
-
-    image_processor = _qwen2_vl_image_processor()(
-        patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
-        **TINY_QWEN3_VL_PIXELS,
-    )  # fmt: skip
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _QWEN_VL_TOKENS}
-    head_dim = text_dims["hidden_size"] // text_dims["num_attention_heads"]
-    section = head_dim // 2 // 3  # (temporal, height, width) sum to head_dim / 2, as [24, 20, 20] of 128
-    text = dict(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=4096,
-        head_dim=head_dim,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [head_dim // 2 - 2 * section, section, section],
-            "mrope_interleaved": True,
-        },
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-        **text_dims,
-        **(TINY_MOE if moe else {}),
-    )
-    vision = dict(
-        depth=TINY_VISION["num_hidden_layers"],
-        hidden_size=TINY_VISION["hidden_size"],
-        intermediate_size=TINY_VISION["intermediate_size"],
-        num_heads=TINY_VISION["num_attention_heads"],
-        out_hidden_size=text_dims["hidden_size"],
-        num_position_embeddings=64,  # an 8 x 8 grid of learned positions, interpolated per image
-        deepstack_visual_indexes=[0],
-        initializer_range=text_dims.get("initializer_range", 0.02),
-    )
-    config = (Qwen3VLMoeConfig if moe else Qwen3VLConfig)(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
-    )
-    return config, image_processor, {"processor_class": "Qwen3VLProcessor"}
-
-
 def _qwen2_vl_image_processor():
     """Qwen2-VL's image processor class without torchvision (the PIL one; older transformers: the one there is)."""
     try:
@@ -370,8 +314,13 @@ def _vision_parts(tokenizer, family: str):
         return _llava_parts(tokenizer, dict(TINY_DIMS))
     if family == "qwen2_audio":
         return _qwen2_audio_parts(tokenizer, dict(TINY_DIMS))
-    if family.startswith("qwen3_vl"):
-        return _qwen3_vl_parts(tokenizer, dict(TINY_DIMS), family == "qwen3_vl_moe")
+    if family.startswith("qwen3_vl"):  # its own module, with its video processor config
+        from lmstack.tiny_vision import qwen3_vl_parts
+
+        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _QWEN_VL_TOKENS}
+        return qwen3_vl_parts(
+            tokenizer, dict(TINY_DIMS), ids, _qwen2_vl_image_processor(), family == "qwen3_vl_moe"
+        )
     return _qwen2_vl_parts(tokenizer, dict(TINY_DIMS), family == "qwen2_5_vl")
 
 

@@ -1,4 +1,5 @@
-"""Tiny Gemma 3 and InternVL 3 models for `lmstack tiny-model DIR --vision gemma3|internvl` (tiny.py
+"""Tiny Gemma 3, InternVL 3 and Qwen3-VL (dense, MoE; with its video_preprocessor_config.json) models for
+`lmstack tiny-model DIR --vision gemma3|internvl|qwen3_vl|qwen3_vl_moe` (tiny.py
 builds the tokenizer and saves everything): random-init models of the real architectures with the
 tokens, image processor and processor config their checkpoints ship, loadable offline without
 torchvision (the PIL image processors: Gemma3ImageProcessorPil, GotOcr2ImageProcessorPil).
@@ -32,6 +33,10 @@ FAMILY_TOKENS = {"gemma3": GEMMA3_TOKENS, "internvl": INTERNVL_TOKENS}
 # video processor bounds of the tiny Qwen3-VL (pixels of the whole clip: frames x height x width): a
 # 2-frame clip of 64x64 .. 8 frames of 128x128 (4..16 tokens per frame group, 32-pixel units)
 TINY_QWEN3_VL_VIDEO = dict(shortest_edge=2 * 64 * 64, longest_edge=8 * 128 * 128)
+# Qwen3-VL's image processor is Qwen2-VL's with patch 16 and mean/std 0.5 (its preprocessor_config.json);
+# bounds of the tiny one: 4..16 merged tokens per image (64x64 .. 128x128 pixels, 32-pixel units)
+TINY_QWEN3_VL_PIXELS = dict(min_pixels=64 * 64, max_pixels=128 * 128)
+TINY_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1)
 TINY_VISION_DIMS = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
 
 
@@ -172,3 +177,54 @@ def qwen3_vl_video_config() -> dict:
         "temporal_patch_size": 2,
         "merge_size": 2,
     }
+
+
+def qwen3_vl_parts(tokenizer, text_dims: dict, ids: dict, image_processor_class, moe: bool = False):
+    """Qwen3-VL (dense: Qwen3VLConfig; MoE: Qwen3VLMoeConfig): a SigLIP-style tower with learned
+    position embeddings, its patch merger and one DeepStack merger (features of vision block 0 added
+    to the first decoder layer), a Qwen3 decoder with interleaved M-RoPE."""
+    from transformers import Qwen3VLConfig, Qwen3VLMoeConfig
+
+    image_processor = image_processor_class(
+        patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+        **TINY_QWEN3_VL_PIXELS,
+    )  # fmt: skip
+    head_dim = text_dims["hidden_size"] // text_dims["num_attention_heads"]
+    section = head_dim // 2 // 3  # (temporal, height, width) sum to head_dim / 2, as [24, 20, 20] of 128
+    text = dict(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=4096,
+        head_dim=head_dim,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [head_dim // 2 - 2 * section, section, section],
+            "mrope_interleaved": True,
+        },
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        **text_dims,
+        **(TINY_MOE if moe else {}),
+    )
+    vision = dict(
+        depth=TINY_VISION_DIMS["num_hidden_layers"],
+        hidden_size=TINY_VISION_DIMS["hidden_size"],
+        intermediate_size=TINY_VISION_DIMS["intermediate_size"],
+        num_heads=TINY_VISION_DIMS["num_attention_heads"],
+        out_hidden_size=text_dims["hidden_size"],
+        num_position_embeddings=64,  # an 8 x 8 grid of learned positions, interpolated per image
+        deepstack_visual_indexes=[0],
+        initializer_range=text_dims.get("initializer_range", 0.02),
+    )
+    config = (Qwen3VLMoeConfig if moe else Qwen3VLConfig)(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    return config, image_processor, {"processor_class": "Qwen3VLProcessor"}
