@@ -1,7 +1,7 @@
 """HF <-> megatron-core weight mapping on CPU: megatron-core builds its GPTModel on CPU under gloo (TP=2
 and PP=2 shard shapes included), so the mapping loads strictly into the real model and comes back equal.
-Its forward needs CUDA (RoPE and attention masks call torch.cuda.current_device()): the numerical check
-of the mapping (equal logits, equal loss) is tests/gpu/test_megatron_gpu.py."""
+The numerical check (equal losses while training, equal logits after export) is
+test_megatron_train_cpu.py on CPU (TP=1, TP=2) and tests/gpu/test_megatron_gpu.py on a GPU."""
 
 from __future__ import annotations
 
