@@ -71,7 +71,7 @@ def test_an_entry_with_a_deleted_file_is_rebuilt(cache_dir, tmp_path, make_cfg, 
     assert "reusing tokenized cache" in log
 
 
-def _hub_cache_repo(hub: "os.PathLike", repo: str, files: dict[str, bytes]) -> None:
+def _hub_cache_repo(hub: os.PathLike, repo: str, files: dict[str, bytes]) -> None:
     """A dataset repo laid out as huggingface_hub caches it: refs/main names a snapshot whose files
     link to blobs named by their sha256 (LFS) or git blob sha1."""
     import hashlib
