@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import logging
@@ -180,6 +181,36 @@ def _read_hub(attr: DatasetAttr) -> list[RawRecord]:
     return [RawRecord(attr.source, f"row {i}", rec) for i, rec in enumerate(table)]
 
 
+def _blob_hash(path: Path, name: str) -> str:
+    """The hash the hub cache names a blob by: sha256 of an LFS file, git's blob sha1 of another."""
+    h = hashlib.sha256() if len(name) == 64 else hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_hub_blobs(attr: DatasetAttr, files: list[Path]) -> None:
+    """A hub-cache snapshot's files are links to blobs named by their content's hash: a blob edited in
+    place no longer matches its name, and datasets' own cache (keyed by the revision) would keep the
+    data read before the edit. Refused, naming the file and the fix."""
+    for path in files:
+        blob = path.resolve()
+        name = blob.name
+        if (
+            blob.parent.name != "blobs"
+            or len(name) not in (40, 64)
+            or any(c not in "0123456789abcdef" for c in name)
+        ):
+            continue
+        if _blob_hash(blob, name) != name:
+            raise DataError(
+                f"dataset {attr.name}: {path} (hub cache blob {blob}) was changed after it was downloaded: its "
+                "content no longer matches its hash; delete the dataset's folder in the hub cache and download "
+                "it again, or copy the edited data to a folder and point hf_hub_url (or file_name) at it"
+            )
+
+
 def source_files(attr: DatasetAttr) -> tuple[Path, list[Path]] | None:
     """(root, files) of the data a dataset reads, for content digests (the tokenized cache's key, the
     run manifest, the resume check). A hub entry reads a local folder (its `hf_hub_url` is a path) or
@@ -198,6 +229,7 @@ def source_files(attr: DatasetAttr) -> tuple[Path, list[Path]] | None:
             root = Path(snapshot_download(attr.source, repo_type="dataset", local_files_only=True))
         except Exception:  # not in the hub cache (or not a repo id): unknown until loaded
             return None
+        _check_hub_blobs(attr, sorted(p for p in root.rglob("*") if p.is_file()))
     if root.is_file():
         return root.parent, [root]
     within = root / attr.folder if attr.folder else root

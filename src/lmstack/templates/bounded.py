@@ -7,7 +7,8 @@ escapes but not work: `{% for i in range(100000) %}{% for j in range(100000) %}`
 template to Python, whose frames carry the file name `<template>`; a line tracer sees only those
 frames) and stops the render past MAX_TEMPLATE_LINES, a deterministic work budget that no chat
 template of a real model comes near (a 200-turn conversation with tools runs some 10^4 lines). A
-render the sandbox refuses (`SecurityError`: `__class__`, `mro`, ...) is the same plain error.
+render the sandbox refuses (`SecurityError`: `__class__`, `mro`, ...) is the same plain error, and so
+is one that would build a value past the size bound of `sandbox.py` (a memory bomb on one line).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def bounded_render(name: str, budget: int = MAX_TEMPLATE_LINES) -> Iterator[None
     sandbox, a ConfigError names the template and the fix."""
     from jinja2.exceptions import SecurityError
 
+    from lmstack.templates.sandbox import TemplateTooLarge, install
+
+    install()
     left = budget
 
     def line(frame: FrameType, event: str, arg: Any) -> Any:
@@ -62,6 +66,10 @@ def bounded_render(name: str, budget: int = MAX_TEMPLATE_LINES) -> Iterator[None
         raise ConfigError(
             f"template: {name} ran past {budget} lines of template code rendering one conversation "
             f"(a loop that does not end, or one nested too deep); {_fix(name)}"
+        ) from None
+    except TemplateTooLarge as err:
+        raise ConfigError(
+            f"template: {name} would build a value too large to render one conversation ({err}); {_fix(name)}"
         ) from None
     except SecurityError as err:
         raise ConfigError(f"template: {name} was refused by Jinja's sandbox ({err}); {_fix(name)}") from None

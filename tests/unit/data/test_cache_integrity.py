@@ -69,3 +69,54 @@ def test_an_entry_with_a_deleted_file_is_rebuilt(cache_dir, tmp_path, make_cfg, 
     assert labels[0].is_file()  # the rebuilt entry is whole again
     _, log = run(cfg, tiny_tokenizer, qwen, caplog, "identity")
     assert "reusing tokenized cache" in log
+
+
+def _hub_cache_repo(hub: os.PathLike, repo: str, files: dict[str, bytes]) -> None:
+    """A dataset repo laid out as huggingface_hub caches it: refs/main names a snapshot whose files
+    link to blobs named by their sha256 (LFS) or git blob sha1."""
+    import hashlib
+    from pathlib import Path
+
+    base = Path(hub) / f"datasets--{repo.replace('/', '--')}"
+    rev = "0" * 40
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text(rev)
+    (base / "blobs").mkdir()
+    snap = base / "snapshots" / rev
+    snap.mkdir(parents=True)
+    for i, (name, body) in enumerate(files.items()):
+        blob = (
+            hashlib.sha256(body).hexdigest()
+            if i % 2 == 0
+            else hashlib.sha1(b"blob %d\0" % len(body) + body).hexdigest()
+        )
+        (base / "blobs" / blob).write_bytes(body)
+        (snap / name).symlink_to(Path("..", "..", "blobs", blob))
+
+
+def test_a_hub_cache_blob_edited_in_place_is_refused_naming_the_file(tmp_path, monkeypatch):
+    from lmstack.config.errors import DataError
+    from lmstack.data.cache import data_digest
+    from lmstack.data.registry import DatasetAttr
+
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
+    records = json.dumps(json.loads((DATA_DIR / "identity.json").read_text())).encode()
+    _hub_cache_repo(hub, "someone/hubset", {"train.json": records, "README.md": b"# data\n"})
+    attr = DatasetAttr(name="hubset", load_from="hf_hub", source="someone/hubset")
+    before = data_digest(attr)
+    assert before is not None and "train.json" in before and "README.md" in before
+    for name in ("train.json", "README.md"):  # an LFS (sha256) blob and a git (sha1) one
+        blob = (hub / "datasets--someone--hubset" / "snapshots" / ("0" * 40) / name).resolve()
+        original = blob.read_bytes()
+        blob.write_bytes(original.replace(b"I am", b"U am") if name == "train.json" else b"# edited\n")
+        with pytest.raises(
+            DataError, match=f"dataset hubset: .*{name} .*changed after it was downloaded.*download"
+        ):
+            data_digest(attr)
+        blob.write_bytes(original)
+    assert data_digest(attr) == before

@@ -63,3 +63,39 @@ def test_an_ordinary_render_is_unchanged_and_a_previous_tracer_is_restored():
     finally:
         sys.settrace(None)
     assert text == tok.apply_chat_template(CHAT, tokenize=False)
+
+
+@pytest.mark.parametrize(
+    "bomb",
+    [
+        "{{ 'x' * 10**9 }}",
+        "{{ [1] * 10**9 }}",
+        "{{ 'x'.ljust(10**10) }}",
+        "{{ 'x'|center(10**10) }}",
+        "{{ '%*s' % (10**10, 'x') }}",
+        "{{ '{:>10000000000}'.format('x') }}",
+        "{{ range(100000)|list|tojson(indent=100000) }}",
+        "{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}",
+        # a namespace carries a value across iterations, so each line doubles it
+        "{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s|replace('a', 'aa') %}{% endfor %}",
+        "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s.replace('a', 'aa') %}{% endfor %}",
+        "{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = [ns.s, ns.s]|join %}{% endfor %}",
+    ],
+)
+def test_a_render_that_would_build_a_huge_value_is_refused_before_it_allocates(bomb):
+    """Each bomb takes a few lines of template code (far under the line budget) but one of them
+    allocates gigabytes or more: it is refused before that operation runs."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(
+        resource.RLIMIT_AS, (8 << 30, hard)
+    )  # a missed bomb fails with MemoryError, not an OOM kill
+    try:
+        tok = _tok(bomb + MESSAGES)
+        with pytest.raises(ConfigError, match="template: .* would build a value too large.*set template:"):
+            get_template(None, tok).encode_multiturn(tok, CHAT)
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
