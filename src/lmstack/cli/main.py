@@ -10,7 +10,8 @@ import sys
 import textwrap
 
 from lmstack import __version__
-from lmstack.cli.plan import cmd_plan, parse_capability, split_plan_items
+from lmstack.cli.plan import register as register_plan
+from lmstack.cli.plan import split_plan_items
 from lmstack.config.errors import LmstackError
 
 logger = logging.getLogger("lmstack")
@@ -179,58 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_tiny_model)
 
-    p = sub.add_parser(
-        "plan", help="predict per-GPU memory, pick the strategy that fits (Megatron layouts too)"
-    )
-    p.add_argument("config", help="training YAML (only config.json of the model is read)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides (anywhere on the line, as for train)")
-    p.add_argument("--gpus", type=int, help="GPUs per node (default: the visible ones, else 1)")
-    p.add_argument(
-        "--gpu",
-        metavar="NAME",
-        help="the target GPU: its memory, compute capability and interconnect (h200, h100, h100-pcie, "
-        "a100-80, a100-40, l40s, l4, a10g, 4090, 3090, b200)",
-    )
-    p.add_argument(
-        "--gpu-memory", type=float, help="GiB per GPU (default: --gpu's, else the visible GPU's, else 80)"
-    )
-    p.add_argument("--nodes", type=int, default=1, help="number of nodes")
-    p.add_argument("--cpu-memory", type=float, help="GiB of CPU memory per node (checks offload)")
-    p.add_argument(
-        "--gpu-capability",
-        type=parse_capability,
-        help="the GPU's compute capability, e.g. 9.0 (H100/H200), 8.0 (A100): FP8 needs 8.9+ "
-        "(default: the visible GPU's)",
-    )
-    p.add_argument(
-        "--search",
-        action="store_true",
-        help="the configured row too searches micro-batch and checkpointing (the recommendation always does)",
-    )
-    p.add_argument(
-        "--no-data", action="store_true", help="unpacked rows: assume cutoff_len instead of reading the data"
-    )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--megatron", action="store_true", help="enumerate Megatron TP x PP x DP layouts")
-    p.add_argument("--tp", type=int, help="check one Megatron layout: tensor-parallel size")
-    p.add_argument("--pp", type=int, help="check one Megatron layout: pipeline-parallel size")
-    p.add_argument("--micro-batches", type=int, default=32, help="Megatron micro-batches per step")
-    p.add_argument(
-        "--emit",
-        choices=["torchrun", "slurm", "k8s"],
-        help="print the launch of the recommended layout instead of the table: a torchrun line per node, "
-        "a Slurm sbatch script, or a Kubernetes PyTorchJob (Kubeflow training operator) with its ConfigMap",
-    )
-    p.add_argument(
-        "--configured", action="store_true", help="--emit the configured setup, not the recommended"
-    )
-    p.add_argument(
-        "--master-addr", help="--emit torchrun: node 0's address (default: $MASTER_ADDR on each node)"
-    )
-    p.add_argument("--master-port", type=int, help="--emit: the rendezvous port (default 29500)")
-    p.add_argument("--job-name", help="--emit slurm/k8s: the job's name (default lmstack)")
-    p.add_argument("--image", help="--emit k8s: the container image with lmstack installed")
-    p.set_defaults(func=cmd_plan)
+    register_plan(sub)
 
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=cmd_version)
