@@ -109,9 +109,10 @@ def test_train_help_says_required_once(capsys):
 
 def test_plan_takes_overrides_after_options(monkeypatch):
     from lmstack.cli import main as cli
+    from lmstack.cli import plan as plan_cli
 
     seen = {}
-    monkeypatch.setattr(cli, "cmd_plan", lambda args: seen.update(overrides=args.overrides) or 0)
+    monkeypatch.setattr(plan_cli, "cmd_plan", lambda args: seen.update(overrides=args.overrides) or 0)
     assert cli.main(["plan", "cfg.yaml", "a=1", "--gpus", "8", "cutoff_len=64"]) == 0
     assert seen["overrides"] == ["a=1", "cutoff_len=64"]
     with pytest.raises(SystemExit):

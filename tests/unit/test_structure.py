@@ -21,7 +21,7 @@ FLOORS = [
     ("reliability",),
     ("infer",),
     ("train",),
-    ("cli", "webui", "tiny", "tiny_vision"),
+    ("cli", "webui", "tiny", "tiny_vision", "tiny_vl"),
 ]
 TOPOLOGY_VARS = {
     "RANK",

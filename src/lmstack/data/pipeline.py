@@ -27,7 +27,8 @@ from lmstack.data.encode import ENCODERS, DropExample, EncodeOptions, encode_exa
 from lmstack.data.formats import RecordError, convert
 from lmstack.data.loader import RawRecord, read_records
 from lmstack.data.mix import mix_datasets, parse_probs
-from lmstack.data.mm import check_media_datasets, check_media_template, media_spec, raise_media_problems
+from lmstack.data.mm import media_spec, raise_media_problems
+from lmstack.data.mm_checks import check_media_datasets, check_media_template
 from lmstack.data.registry import DatasetAttr, get_dataset_attrs
 from lmstack.data.stats import (
     MAX_CONTROL_SHOWN,

@@ -33,6 +33,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from lmstack.infer.json_mode import feed, is_done
 from lmstack.infer.sampling import (
     Generation,
     Piece,
@@ -332,8 +333,6 @@ class Scheduler:
             if found:
                 seq.text, seq.finished = seq.text[: min(found)], "stop"
         if s.json_object and seq.finished is None:
-            from lmstack.infer.json_mode import feed, is_done
-
             seq.json_state = feed(seq.json_state or _json_start(), seq.text[before:])
             if seq.json_state is None or is_done(seq.json_state):
                 seq.finished = "stop"

@@ -226,7 +226,7 @@ def test_the_measured_unpacked_run_is_covered_by_the_default_allocators_margin(t
 def test_a_resume_may_change_the_allocator(base_cfg):
     """The allocator changes no number a checkpoint holds: a resume under another mode is allowed."""
     from lmstack.reliability.manifest import run_identity
-    from lmstack.reliability.output_dir import run_changes
+    from lmstack.reliability.run_changes import run_changes
 
     on = resolve(base_cfg)
     off = resolve(base_cfg, ctx=replace(GPU, alloc_conf=("PYTORCH_ALLOC_CONF", "expandable_segments:False")))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lmstack.config.schema import field_owner
 from lmstack.data.saved import key_changes
-from lmstack.reliability.output_dir import SAFE_TO_CHANGE, SAFE_TO_RAISE, run_changes
+from lmstack.reliability.run_changes import SAFE_TO_CHANGE, SAFE_TO_RAISE, run_changes
 
 
 def run(**config) -> dict:
