@@ -49,3 +49,25 @@ def test_output_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="is a file"):
         acquire(tmp_path / "f")
+
+
+def test_a_web_ui_start_into_a_held_output_dir_fails_naming_the_holder(base_cfg, tmp_path):
+    """A web-UI Start runs the same `lmstack train`, so it takes the same lock: a Start into a folder that
+    another run holds (a CLI run, or a run of another web UI on another share dir) ends failed, exit 2,
+    its log naming the holder's pid, and the Runs tab does not call it finished."""
+    from lmstack.webui.runs import RunRegistry
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    registry = RunRegistry(tmp_path / "share")
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        registry.start({**base_cfg, "output_dir": str(out)})
+        assert registry.wait(str(out), timeout=600) == 2  # the timeout only guards a hang
+        assert registry.state(str(out)) == ("failed", 2)
+        assert f"in use by another lmstack run (pid {holder.pid})" in registry.view(str(out)).log_tail
+    finally:
+        holder.kill()
+        holder.wait()
