@@ -66,11 +66,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from lmstack.config.load import load_config
     from lmstack.launch.context import LaunchContext
-    from lmstack.memory import check_layout, enumerate_layouts, format_table, plan, pretrain_gpt_args, to_json
+    from lmstack.memory import check_layout, enumerate_layouts, plan, pretrain_gpt_args, to_json
     from lmstack.models.load import check_model_path
-    from lmstack.plan.from_config import request_from_plan
-    from lmstack.plan.lengths import data_lengths
-    from lmstack.plan.whatif import disk_free_gib, machine_memory_gib, plan_for
+    from lmstack.plan.whatif import disk_free_gib, machine_memory_gib
 
     if args.emit and (args.megatron or args.tp or args.pp):
         raise ConfigError(
@@ -103,21 +101,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # planning for this machine (no GPU named): its CPU RAM and disk are constraints too; the optional
     # packages never are (the target is assumed to have what a strategy needs: plan/whatif.py)
     local = not (args.gpu_memory or args.gpu)
-    run_plan = plan_for(cfg, gpus * args.nodes, memory, capability, gpu_name, planned_for(args, here, memory))
-    lengths = None if args.no_data else data_lengths(run_plan)  # unpacked rows: the data's own lengths
-    cpu = args.cpu_memory or (machine_memory_gib() if local else None)
-    disk = disk_free_gib(cfg.training.output_dir) if local else None
-    try:
-        req = request_from_plan(
-            run_plan, gpus, memory, args.nodes, cpu, search=args.search, lengths=lengths,
-            disk_free_gib=disk, interconnect=interconnect,
-        )  # fmt: skip
-    except OSError as err:  # config.json unreachable (no network, no cache): transformers' OSError
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(
-            f"model_name_or_path: {cfg.model.model_name_or_path}: its config.json cannot be read ({first}); "
-            "give a local model directory, or download the model first"
-        ) from None
+    run_plan, req = plan_target(
+        cfg, gpus, memory, nodes=args.nodes, capability=capability, gpu_name=gpu_name,
+        planned_for=planned_for(args, here, memory), interconnect=interconnect,
+        cpu_memory_gib=args.cpu_memory or (machine_memory_gib() if local else None),
+        disk_free_gib=disk_free_gib(cfg.training.output_dir) if local else None,
+        search=args.search, data=not args.no_data,
+    )  # fmt: skip
     if args.megatron or args.tp or args.pp:
         total, per_node = gpus * args.nodes, gpus
         mb = args.micro_batches
@@ -160,8 +150,45 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**to_json(result), "run_plan": run_plan.to_dict()}, indent=2))
     else:
-        print(format_table(result) + "\n\n" + run_plan.describe())
+        print(plan_text(run_plan, result))
     return 0
+
+
+def plan_target(
+    cfg, gpus: int, memory: float, *, nodes: int = 1, capability: tuple[int, int] | None = None,
+    gpu_name: str | None = None, planned_for: str | None = None, interconnect: str | None = None,
+    cpu_memory_gib: float | None = None, disk_free_gib: float | None = None, search: bool = False,
+    data: bool = True,
+):  # fmt: skip
+    """(run plan, memory-plan request) of `cfg` on `nodes` x `gpus` GPUs of `memory` GiB: what `lmstack
+    plan` and the web UI's plan both estimate, for the target machine (the optional packages a strategy
+    needs are assumed there, never read from this machine: plan/whatif.py). `data`: read the unpacked
+    rows' own lengths (else cutoff_len); `cpu_memory_gib` / `disk_free_gib`: constraints where known."""
+    from lmstack.plan.from_config import request_from_plan
+    from lmstack.plan.lengths import data_lengths
+    from lmstack.plan.whatif import plan_for
+
+    run_plan = plan_for(cfg, gpus * nodes, memory, capability, gpu_name, planned_for)
+    lengths = data_lengths(run_plan) if data else None  # unpacked rows: the data's own lengths
+    try:
+        req = request_from_plan(
+            run_plan, gpus, memory, nodes, cpu_memory_gib, search=search, lengths=lengths,
+            disk_free_gib=disk_free_gib, interconnect=interconnect,
+        )  # fmt: skip
+    except OSError as err:  # config.json unreachable (no network, no cache): transformers' OSError
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"model_name_or_path: {cfg.model.model_name_or_path}: its config.json cannot be read ({first}); "
+            "give a local model directory, or download the model first"
+        ) from None
+    return run_plan, req
+
+
+def plan_text(run_plan, result) -> str:
+    """The table `lmstack plan` prints (and the web UI shows): the candidates, then the run plan."""
+    from lmstack.memory import format_table
+
+    return format_table(result) + "\n\n" + run_plan.describe()
 
 
 def emit_launch(args: argparse.Namespace, result, gpus: int) -> str:

@@ -62,19 +62,18 @@ def preview_data(flat: dict[str, Any]) -> tuple[str, str]:
 
 
 def plan_table(flat: dict[str, Any], gpus: int, gpu_memory_gib: float) -> tuple[str, dict[str, Any]]:
-    """(`lmstack plan`'s table, the recommendation's YAML changes) for `gpus` GPUs of `gpu_memory_gib`."""
-    from lmstack.launch.context import LaunchContext
-    from lmstack.memory import format_table, plan
-    from lmstack.plan.from_config import request_from_plan
-    from lmstack.plan.whatif import plan_for
+    """(`lmstack plan`'s table, the recommendation's YAML changes) for `gpus` GPUs of `gpu_memory_gib`:
+    `lmstack plan cfg.yaml --gpus G --gpu-memory M`'s own planning, for the machine that will train."""
+    from lmstack.cli.plan import plan_target, plan_text
+    from lmstack.memory import plan
+    from lmstack.models.load import check_model_path
 
     cfg = build_config(dict(flat))
-    run_plan = plan_for(cfg, gpus, gpu_memory_gib)
-    # the packages installed here: never recommend DeepSpeed / QLoRA / flash-attn that this machine lacks
-    here = LaunchContext.from_env(probe_cuda=False).packages
-    result = plan(request_from_plan(run_plan, gpus, gpu_memory_gib, available=here))
+    check_model_path(cfg, model_type=False)  # as `lmstack plan` (the data's lengths need the tokenizer)
+    run_plan, req = plan_target(cfg, gpus, gpu_memory_gib)
+    result = plan(req)
     changes = dict(result.recommendation.yaml_changes) if result.recommendation else {}
-    return format_table(result) + "\n\n" + run_plan.describe(), changes
+    return plan_text(run_plan, result), changes
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
