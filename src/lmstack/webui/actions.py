@@ -55,7 +55,7 @@ def preview_data(flat: dict[str, Any]) -> tuple[str, str]:
     """(what `lmstack check` prints, the example as HTML). Writes data_report.json into output_dir."""
     from lmstack.cli.check import run_check
     from lmstack.data.validate import format_report
-    from lmstack.webui.media_preview import media_html
+    from lmstack.webui.media_view import media_html
 
     report, path = run_check(None, dict(flat))
     text = format_report(report, color=False) + f"\n\nreport written to {path}"

@@ -63,7 +63,7 @@ def test_image_example_shows_a_thumbnail_and_its_image_tokens(vision_models, tmp
 
 def test_video_example_shows_sampled_frames_first_frame_and_video_tokens(vision_models, tmp_path):
     from lmstack.data.mm_av import load_videos
-    from lmstack.webui.media_preview import media_spec_of
+    from lmstack.webui.media_view import media_spec_of
 
     data = demo_dir(tmp_path, "videos")
     flat = _flat(vision_models["qwen3_vl"], "qwen3_vl_nothink", "mllm_video_demo", data, tmp_path / "out")
