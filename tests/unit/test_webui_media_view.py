@@ -1,6 +1,7 @@
-"""Preview data on a multimodal dataset (LF's mllm_demo / mllm_video_demo made on the spot, a tiny real
-vision model): the example's images as small PNG thumbnails, its video's sampled frames and first frame,
-and each item's tokens equal to the encoded example's; a text-only dataset's preview has no media part."""
+"""Preview data on a multimodal dataset (LF's mllm_demo / mllm_video_demo / mllm_audio_demo made on the
+spot, tiny real vision / audio models): the example's images as small PNG thumbnails, its video's sampled
+frames and first frame, its audio's duration and rates, and each item's tokens equal to the encoded
+example's; a text-only dataset's preview has no media part."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def vision_models(tmp_path_factory):
     from lmstack.tiny import build_tiny_vision_model
 
     root = tmp_path_factory.mktemp("tiny_vl")
-    return {f: build_tiny_vision_model(root / f, f, data_dir=None) for f in ("qwen2_vl", "qwen3_vl")}
+    return {f: build_tiny_vision_model(root / f, f, data_dir=None) for f in ("qwen2_vl", "qwen3_vl", "qwen2_audio")}
 
 
 def _flat(model, template, dataset, data_dir, out) -> dict:
@@ -75,6 +76,16 @@ def test_video_example_shows_sampled_frames_first_frame_and_video_tokens(vision_
     assert f"{decoded.sampled} sampled frames ({len(decoded.frames)} fed to the model)" in page
     tokens = _example_text(page).count("&lt;|video_pad|&gt;")
     assert tokens > 0 and f"{tokens} video tokens" in page
+
+
+def test_audio_example_shows_duration_rates_and_audio_tokens(vision_models, tmp_path):
+    data = demo_dir(tmp_path, "audios")
+    flat = _flat(vision_models["qwen2_audio"], "qwen2_audio", "mllm_audio_demo", data, tmp_path / "out")
+    _, page = preview_data(flat)
+    assert "<img" not in page
+    tokens = _example_text(page).count("&lt;|AUDIO|&gt;")
+    assert tokens > 0
+    assert f"audios[0] 0.wav: 0.50 s at 16000 Hz (read at 16000 Hz), {tokens} audio tokens" in page
 
 
 def test_text_only_preview_has_no_media_block(base_cfg):
