@@ -10,7 +10,8 @@
               with pt_split also: split_texts (texts longer than cutoff_len), pieces (rows after
               cutting them into cutoff_len pieces); truncated is then 0
   totals: the same counts summed; example: one encoded training sample as segments
-  [{text, trained}] so the loss mask can be seen.
+  [{text, trained}] so the loss mask can be seen; example_media: its media files {images | videos |
+  audios: [absolute path]} (a multimodal dataset only).
 The drop counts are computed exactly as `build_datasets` computes them (same functions), so
 `check` and `train` always agree. `pt_split=True` is for stage pt trained packed (train/pt.py):
 there a long text is encoded whole and split into cutoff_len pieces, nothing truncated or dropped.
@@ -19,6 +20,7 @@ there a long text is encoded whole and split into cutoff_len pieces, nothing tru
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from typing import Any
 
@@ -135,8 +137,17 @@ def check_data(cfg: Config, tokenizer: Any, template: Any, *, pt_split: bool = F
         if not report["example"] and split == "dataset":
             report["example"] = example_segments(data, tokenizer, limit=cfg.data.cutoff_len)
             report["example_dataset"] = attr.name
+            report["example_media"] = _example_media(data)
     report["totals"] = _totals(report["datasets"])
     return report
+
+
+def _example_media(data: TokenizedDataset) -> dict[str, list[str]]:
+    """The first sample's media files (absolute paths) by column, for a preview of what it shows."""
+    if len(data) == 0:
+        return {}
+    found = {k: json.loads(str(data.dense[k][0])) for k in ("images", "videos", "audios") if k in data.dense}
+    return {k: v for k, v in found.items() if v}
 
 
 def _entry(cfg: Config, attr: DatasetAttr, tokenizer: Any, template: Any) -> tuple[dict, TokenizedDataset]:

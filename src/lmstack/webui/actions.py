@@ -55,10 +55,11 @@ def preview_data(flat: dict[str, Any]) -> tuple[str, str]:
     """(what `lmstack check` prints, the example as HTML). Writes data_report.json into output_dir."""
     from lmstack.cli.check import run_check
     from lmstack.data.validate import format_report
+    from lmstack.webui.media_view import media_html
 
     report, path = run_check(None, dict(flat))
     text = format_report(report, color=False) + f"\n\nreport written to {path}"
-    return text, example_html(report.get("example") or [])
+    return text, media_html(flat, report) + example_html(report.get("example") or [])
 
 
 def plan_table(flat: dict[str, Any], gpus: int, gpu_memory_gib: float) -> tuple[str, dict[str, Any]]:
