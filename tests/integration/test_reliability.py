@@ -461,14 +461,14 @@ def test_an_unknown_model_type_without_auto_map_is_refused_before_the_model_load
 
 
 def test_a_pickled_adapter_that_is_not_plain_tensors_is_refused_before_the_model_loads(cfg, tmp_path):
-    import argparse
+    import fractions
 
     import torch
 
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
-    torch.save({"w": torch.zeros(2), "extra": argparse.Namespace(a=1)}, adapter / "adapter_model.bin")
+    torch.save({"w": torch.zeros(2), "extra": fractions.Fraction(1, 3)}, adapter / "adapter_model.bin")
     out = tmp_path / "o"
     with pytest.raises(ConfigError) as err:
         train(None, {**cfg, "adapter_name_or_path": str(adapter), "output_dir": str(out)})
